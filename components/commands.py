@@ -1,0 +1,187 @@
+"""Shell command strings run on the nodes (remote.Command) or where Pulumi runs (local.Command).
+
+Small pure functions; every interpolated value goes through shlex.quote. No secret is ever an
+argument here: the API key reaches nodes on stdin and the readiness probe through its environment.
+Scripts are POSIX sh, because remote.Command runs them with the ssh user's login shell.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from . import plan
+from .config import ClusterConfig
+
+q = shlex.quote
+
+
+def sudo(user: str) -> str:
+    """Prefix for commands that need root on the node (`sudo -n`: fail instead of prompting)."""
+    return "" if user == "root" else "sudo -n "
+
+
+def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
+    """Read-only checks on one node; reports every failure (node, check, fix), exits 1 if any failed."""
+    node = cfg.nodes[rank]
+    f = cfg.fabric
+    own = plan.container_name(stack, rank)
+    lines = [
+        f"node={q(node.name)}; failed=0",
+        'fail() { echo "preflight $node: FAIL $1: $2" >&2; failed=1; }',
+        'ok() { echo "preflight $node: ok $1"; }',
+        # docker usable by the ssh user
+        "if docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; then ok docker; else "
+        'fail docker "docker is missing or $(id -un) cannot use it; install docker and add the user to the docker group"; fi',
+        # GPU visible, and not busy with anything but this stack's own rank
+        "if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then ok gpu; else "
+        'fail gpu "nvidia-smi lists no GPU; check the NVIDIA driver and container toolkit"; fi',
+        "busy=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c . || true)",
+        f"mine=$(docker ps -q --filter name={q('^/' + own + '$')} 2>/dev/null | grep -c . || true)",
+        'if [ "${busy:-0}" -gt 0 ] && [ "${mine:-0}" -eq 0 ]; then '
+        'fail gpu-idle "$busy process(es) already use the GPU; stop them (nvidia-smi shows which) before serving"; '
+        "else ok gpu-idle; fi",
+        # RDMA devices for NCCL over RoCE
+        "if [ -e /dev/infiniband ]; then ok infiniband; else "
+        'fail infiniband "/dev/infiniband is missing; install the MLNX/DOCA OFED drivers"; fi',
+        # fabric link up at the expected rate
+        f"link=$(ethtool {q(f.iface)} 2>/dev/null || true)",
+        "if printf '%s\\n' \"$link\" | grep -q 'Link detected: yes'; then ok fabric-link; else "
+        f'fail fabric-link {q(f"{f.iface} is down or missing; check the ConnectX-7 cable and fabric.iface")}; fi',
+        "speed=$(printf '%s\\n' \"$link\" | sed -n 's/.*Speed: *\\([0-9][0-9]*\\)Mb\\/s.*/\\1/p' | head -n 1)",
+        f'if [ "${{speed:-0}}" -ge {f.link_speed_mbps} ]; then ok fabric-speed; else '
+        f'fail fabric-speed "{f.iface} runs at ${{speed:-unknown}} Mb/s, expected {f.link_speed_mbps}; reseat the cable"; fi',
+    ]
+    if rank == 0 or cfg.share.mode == "local":
+        ckpt = cfg.model.checkpoint_dir
+        n = cfg.model.expected_shards
+        lines += [
+            f"ckpt={q(ckpt)}",
+            'if [ -f "$ckpt/config.json" ]; then ok checkpoint-config; else '
+            'fail checkpoint-config "$ckpt/config.json is missing; download the checkpoint to model.checkpointDir"; fi',
+            "shards=$(ls \"$ckpt\" 2>/dev/null | grep -c '^model-.*-of-.*\\.safetensors$' || true)",
+            f'if [ "${{shards:-0}}" -ge {n} ]; then ok checkpoint-shards; else '
+            f'fail checkpoint-shards "$shards of {n} model-*-of-*.safetensors files in $ckpt; finish the download"; fi',
+        ]
+    need_kb = int(plan.engram_shard_gib(cfg) * 1024 * 1024)
+    files = " ".join(q(f"{cfg.engram.dir}/{name}") for name in plan.shard_files(rank, cfg.serving.tp_size))
+    lines += [
+        f"edir={q(cfg.engram.dir)}",
+        f"present=1; for s in {files}; do [ -f \"$s\" ] || present=0; done",
+        'd="$edir"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done',
+        "avail=$(df -Pk \"$d\" | awk 'NR==2 {print $4}')",
+        f'if [ "$present" -eq 1 ] || [ "${{avail:-0}}" -ge {need_kb} ]; then ok engram-space; else '
+        f'fail engram-space "$d has $((avail / 1048576)) GiB free, the rank {rank} shard needs '
+        f'{plan.engram_shard_gib(cfg):.1f} GiB; free space or point engram.dir at a larger NVMe"; fi',
+        'if [ "$failed" -ne 0 ]; then echo "preflight $node: failed, nothing was changed on the node" >&2; fi',
+        'exit "$failed"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def exports_file(stack: str) -> str:
+    return f"/etc/exports.d/deepseek-spark-{stack}.exports"
+
+
+def export_line(cfg: ClusterConfig) -> str:
+    """One exports(5) line: the checkpoint, read-only, to exactly the worker fabric IPs."""
+    opts = cfg.share.export_options
+    clients = " ".join(f"{n.fabric_ip}({opts})" for n in cfg.nodes[1:])
+    return f"{cfg.model.checkpoint_dir} {clients}"
+
+
+def export_create(cfg: ClusterConfig, stack: str) -> str:
+    s = sudo(cfg.nodes[0].ssh_user)
+    path = exports_file(stack)
+    return (
+        "set -eu\n"
+        "command -v exportfs >/dev/null 2>&1 || "
+        "{ echo 'checkpoint export: exportfs not found on the head; install nfs-kernel-server' >&2; exit 1; }\n"
+        f"{s}mkdir -p /etc/exports.d\n"
+        f"printf '%s\\n' {q(export_line(cfg))} | {s}tee {q(path)} >/dev/null\n"
+        f"{s}exportfs -ra\n"
+        f"echo exported {q(cfg.model.checkpoint_dir)} read-only to {q(' '.join(n.fabric_ip for n in cfg.nodes[1:]))}\n"
+    )
+
+
+def export_delete(cfg: ClusterConfig, stack: str) -> str:
+    s = sudo(cfg.nodes[0].ssh_user)
+    return f"set -eu\n{s}rm -f {q(exports_file(stack))}\n{s}exportfs -ra\n"
+
+
+def _engram_paths(cfg: ClusterConfig, rank: int) -> tuple[str, list[str]]:
+    tp = cfg.serving.tp_size
+    stamp = f"{cfg.engram.dir}/.engram-r{rank}of{tp}.revision"
+    return stamp, [f"{cfg.engram.dir}/{name}" for name in plan.shard_files(rank, tp)]
+
+
+def engram_pack(cfg: ClusterConfig, stack: str, rank: int) -> str:
+    """Pack rank `rank` of TP onto this node's NVMe, once per checkpoint revision.
+
+    Skips when the shards and a stamp with the current revision exist; removes shards of another
+    revision first; the pack script itself skips files that already have the exact size.
+    """
+    tp = cfg.serving.tp_size
+    stamp, files = _engram_paths(cfg, rank)
+    shards = " ".join(q(f) for f in files)
+    name = f"{stack}-engram-pack-r{rank}"
+    return (
+        "set -eu\n"
+        f"dir={q(cfg.engram.dir)}; stamp={q(stamp)}; rev={q(cfg.model.revision)}\n"
+        f"present=1; for s in {shards}; do [ -f \"$s\" ] || present=0; done\n"
+        'if [ "$present" -eq 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$rev" ]; then\n'
+        f'  echo "engram r{rank}of{tp} at revision $rev already packed in $dir"; exit 0\n'
+        "fi\n"
+        'mkdir -p "$dir"\n'
+        f'if [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$rev" ]; then rm -f {shards} "$stamp"; fi\n'
+        f"docker rm -f {q(name)} >/dev/null 2>&1 || true\n"
+        f"docker run --rm --name {q(name)} --network none --entrypoint python3 "
+        f"-v {q(plan.checkpoint_volume_name(stack) + ':' + plan.MODEL_MOUNT + ':ro')} "
+        f'-v "$dir":{q(plan.ENGRAM_MOUNT)} {q(cfg.image)} /opt/dsv41/scripts/pack_engram.py '
+        f"--model {q(plan.MODEL_MOUNT)} --out {q(plan.ENGRAM_MOUNT)} --rank {rank} --tp {tp} "
+        f"--layers {','.join(str(layer) for layer in plan.ENGRAM_LAYERS)}\n"
+        f"printf '%s\\n' \"$rev\" > \"$stamp\"\n"
+        f'echo "engram r{rank}of{tp} packed in $dir"\n'
+    )
+
+
+def engram_delete(cfg: ClusterConfig, rank: int) -> str:
+    """Runs only when engram.retain is false (otherwise Pulumi retains the shard on delete)."""
+    stamp, files = _engram_paths(cfg, rank)
+    return "rm -f " + " ".join(q(f) for f in [*files, stamp]) + "\n"
+
+
+def api_key_create(cfg: ClusterConfig, stack: str) -> str:
+    """Write stdin (the API key) to a 0600 file on the head; the key itself is never in the command."""
+    s = sudo(cfg.nodes[0].ssh_user)
+    path = plan.api_key_path(cfg, stack)
+    directory = path.rsplit("/", 1)[0]
+    return (
+        "set -eu\numask 077\n"
+        f"{s}mkdir -p {q(directory)}\n"
+        f"{s}sh -c 'umask 077; cat > \"$1\"' sh {q(path)}\n"
+        f"{s}chmod 600 {q(path)}\n"
+    )
+
+
+def api_key_delete(cfg: ClusterConfig, stack: str) -> str:
+    return f"{sudo(cfg.nodes[0].ssh_user)}rm -f {q(plan.api_key_path(cfg, stack))}\n"
+
+
+READINESS_KEY_ENV = "DSPARK_API_KEY"
+
+
+def readiness(cfg: ClusterConfig) -> str:
+    """Local command: wait for rank 0 /health, then one authenticated chat completion."""
+    r = cfg.readiness
+    return " ".join(
+        [
+            "python3 -m components.probe",
+            f"--url {q(plan.endpoint(cfg))}",
+            f"--model {q(cfg.model.served_name)}",
+            f"--timeout {r.timeout_seconds}",
+            f"--interval {r.interval_seconds}",
+            f"--prompt {q(r.prompt)}",
+            f"--expect {q(r.expect)}",
+            f"--key-env {READINESS_KEY_ENV}",
+        ]
+    )

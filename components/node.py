@@ -1,0 +1,71 @@
+"""SparkNode: how Pulumi reaches one DGX Spark (docker provider over ssh, command connection) and
+the read-only preflight that must pass before anything runs there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from .config import NodeConfig, SshConfig
+
+
+def docker_host(node: NodeConfig) -> str:
+    port = "" if node.ssh_port == 22 else f":{node.ssh_port}"
+    return f"ssh://{node.ssh_user}@{node.host}{port}"
+
+
+def ssh_opts(ssh: SshConfig) -> list[str]:
+    """Options for the system ssh client the docker provider shells out to (one list item each)."""
+    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={ssh.connect_timeout}"]
+    opts += ["-o", "StrictHostKeyChecking=" + ("yes" if ssh.strict_host_key_checking else "accept-new")]
+    if ssh.known_hosts_file:
+        opts += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
+    if ssh.identity_file:
+        opts += ["-i", ssh.identity_file]
+    return opts
+
+
+@dataclass(frozen=True)
+class SparkNodeArgs:
+    node: NodeConfig
+    ssh: SshConfig
+    preflight: str  # the preflight script (commands.preflight)
+    private_key: Optional[Any] = None  # secret Output[str]; ssh-agent when None
+
+
+class SparkNode(pulumi.ComponentResource):
+    """One Spark: `docker` provider, `connection` for remote commands, and `preflight`."""
+
+    docker: docker.Provider
+    preflight: remote.Command
+
+    def __init__(self, name: str, args: SparkNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("deepseek-spark:index:SparkNode", name, None, opts)
+        node = args.node
+        self.node = node
+        self.docker = docker.Provider(
+            f"{name}-docker",
+            host=docker_host(node),
+            ssh_opts=ssh_opts(args.ssh),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.connection = remote.ConnectionArgs(
+            host=node.host,
+            port=node.ssh_port,
+            user=node.ssh_user,
+            private_key=args.private_key,
+            host_key=node.host_key,
+            dial_error_limit=4,
+        )
+        self.preflight = remote.Command(
+            f"{name}-preflight",
+            connection=self.connection,
+            create=args.preflight,
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"host": node.host, "preflight": self.preflight.stdout})

@@ -1,0 +1,50 @@
+"""Readiness: `up` succeeds only when the endpoint really answers.
+
+A local command (runs where Pulumi runs) that waits for rank 0's /health and one authenticated
+chat completion (components/probe.py). It re-runs whenever the group revision changes, i.e.
+whenever the ranks were replaced. The API key reaches it through its environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+from pulumi_command import local
+
+from . import commands
+from .config import ClusterConfig
+
+
+@dataclass(frozen=True)
+class ReadinessArgs:
+    cfg: ClusterConfig
+    api_key: Any  # secret Output[str]
+    revision: str
+    ranks: list[pulumi.Resource]
+
+
+class Readiness(pulumi.ComponentResource):
+    """`check`: the probe; `ready` resolves once the endpoint has answered."""
+
+    def __init__(self, name: str, args: ReadinessArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("deepseek-spark:index:Readiness", name, None, opts)
+        cfg = args.cfg
+        self.check = local.Command(
+            f"{name}-check",
+            create=commands.readiness(cfg),
+            environment={commands.READINESS_KEY_ENV: args.api_key},
+            # Probe again whenever the group was replaced.
+            triggers=[args.revision],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # The probe talks to the running group: every rank must have been created first.
+                depends_on=args.ranks,
+                # The probe itself waits up to readiness.timeoutSeconds; give Pulumi a little more.
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{cfg.readiness.timeout_seconds // 60 + 5}m"),
+            ),
+        )
+        self.ready = self.check.stdout.apply(lambda _: True)
+        self.register_outputs({"ready": self.ready})

@@ -1,0 +1,261 @@
+"""Validation rules, checked at preview before any resource is registered.
+
+Each rule is a function of the validated config that returns findings. An error finding names the
+field, the bad value and the fix; warnings are printed and do not stop the run. `RULES` is the list
+the program runs and the tests walk (every rule has a passing and a failing case).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from . import plan
+from .config import ClusterConfig
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    field: str
+    value: object
+    problem: str
+    fix: str
+    level: str = "error"  # or "warning"
+
+    def __str__(self) -> str:
+        return f"cluster.{self.field} = {self.value!r}: {self.problem}; fix: {self.fix}"
+
+
+Rule = Callable[[ClusterConfig], list[Finding]]
+RULES: list[tuple[str, Rule]] = []
+
+
+def rule(name: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        RULES.append((name, fn))
+        return fn
+
+    return register
+
+
+@rule("engine-built")
+def _engine_built(cfg: ClusterConfig) -> list[Finding]:
+    if cfg.engine == "vllm":
+        return [
+            Finding("engine-built", "engine", cfg.engine, "the vLLM + Ray engine is not built into this program yet",
+                    "use engine: sglang (3 or 4 Sparks) until the vLLM group lands")
+        ]  # fmt: skip
+    return []
+
+
+@rule("node-count-equals-tp")
+def _node_count(cfg: ClusterConfig) -> list[Finding]:
+    n, tp = len(cfg.nodes), cfg.serving.tp_size
+    if n != tp:
+        return [
+            Finding("node-count-equals-tp", "serving.tpSize", tp,
+                    f"{n} nodes are listed but each Spark runs exactly one rank",
+                    f"set serving.tpSize to {n}, or list {tp} nodes")
+        ]  # fmt: skip
+    return []
+
+
+@rule("unique-nodes")
+def _unique(cfg: ClusterConfig) -> list[Finding]:
+    out = []
+    for attr, label in (("name", "name"), ("host", "host"), ("fabric_ip", "fabricIp")):
+        counts = Counter(getattr(n, attr) for n in cfg.nodes)
+        for i, node in enumerate(cfg.nodes):
+            value = getattr(node, attr)
+            if counts[value] > 1:
+                out.append(Finding("unique-nodes", f"nodes[{i}].{label}", value,
+                                   f"{label} is used by {counts[value]} nodes", f"give every node its own {label}"))  # fmt: skip
+    return out
+
+
+@rule("fabric-ip-is-ipv4")
+def _fabric_ip(cfg: ClusterConfig) -> list[Finding]:
+    out = []
+    for i, node in enumerate(cfg.nodes):
+        try:
+            ip = ipaddress.IPv4Address(node.fabric_ip)
+            bad = ip.is_loopback or ip.is_unspecified or ip.is_multicast
+        except ValueError:
+            bad = True
+        if bad:
+            out.append(Finding("fabric-ip-is-ipv4", f"nodes[{i}].fabricIp", node.fabric_ip,
+                               "not a routable IPv4 address (NCCL, dist-init and NFS use it)",
+                               "use the node's ConnectX-7 address, e.g. 10.0.0.2"))  # fmt: skip
+    return out
+
+
+@rule("ep-divides-tp")
+def _ep(cfg: ClusterConfig) -> list[Finding]:
+    s = cfg.serving
+    if s.tp_size % s.ep_size:
+        return [Finding("ep-divides-tp", "serving.epSize", s.ep_size, f"does not divide tpSize {s.tp_size}",
+                        f"use epSize {s.tp_size} (the seeds' value) or a divisor of it")]  # fmt: skip
+    return []
+
+
+@rule("ports-distinct")
+def _ports(cfg: ClusterConfig) -> list[Finding]:
+    s = cfg.serving
+    if s.port == s.dist_port:
+        return [Finding("ports-distinct", "serving.distPort", s.dist_port, "equals serving.port on the head",
+                        "use the seeds' distPort 20000 and port 8888")]  # fmt: skip
+    return []
+
+
+@rule("no-ram-offload")
+def _offload(cfg: ClusterConfig) -> list[Finding]:
+    why = ("host RAM is GPU memory on a Spark: OFFLOAD_MODE=ram evicts the engram tables and the "
+           "server cannot serve")  # fmt: skip
+    out = []
+    if cfg.serving.offload_mode == "ram":
+        out.append(Finding("no-ram-offload", "serving.offloadMode", "ram", why, "set serving.offloadMode: nvme"))
+    if cfg.serving.extra_env.get("OFFLOAD_MODE", "").lower() == "ram":
+        out.append(Finding("no-ram-offload", "serving.extraEnv.OFFLOAD_MODE", "ram", why,
+                           "remove OFFLOAD_MODE from serving.extraEnv"))  # fmt: skip
+    return out
+
+
+@rule("known-profile")
+def _profile(cfg: ClusterConfig) -> list[Finding]:
+    if cfg.model.profile not in plan.PROFILES:
+        return [Finding("known-profile", "model.profile", cfg.model.profile, "no such memory profile",
+                        f"use one of {sorted(plan.PROFILES)}")]  # fmt: skip
+    return []
+
+
+@rule("memory-plan-fits")
+def _memory(cfg: ClusterConfig) -> list[Finding]:
+    if cfg.model.profile not in plan.PROFILES:
+        return []  # reported by known-profile
+    prof = plan.PROFILES[cfg.model.profile]
+    mp = plan.memory_plan(cfg)
+    s = cfg.serving
+    if not mp.known:
+        return [Finding("memory-plan-fits", "serving.tpSize", s.tp_size,
+                        f"profile {cfg.model.profile} has no published memory figures for TP={s.tp_size}",
+                        f"use a TP size with figures: {sorted(prof.weights_gib_by_tp)}")]  # fmt: skip
+    out = []
+    head = mp.ranks[0]
+    unified = cfg.memory.unified_gib
+    if head.weights_gib + head.draft_gib >= unified:
+        return [Finding("memory-plan-fits", "serving.tpSize", s.tp_size,
+                        f"resident weights per rank are {head.weights_gib + head.draft_gib:.1f} GiB at TP={s.tp_size}, "
+                        f"more than a Spark's {unified} GiB",
+                        "SGLang needs 3+ Sparks for this checkpoint: list 3 or 4 nodes")]  # fmt: skip
+    if not head.static_fits:
+        limit = plan.max_tokens_that_fit(cfg)
+        out.append(Finding("memory-plan-fits", "serving.maxTotalTokens", s.max_total_tokens,
+                           f"the head's static pool ({s.mem_fraction_static:g} x {unified} = {head.static_pool_gib:.1f} GiB) "
+                           f"cannot hold weights {head.weights_gib + head.draft_gib:.1f} + KV {head.kv_gib:.1f} + "
+                           f"window {head.window_gib:.2f} = {head.static_used_gib:.1f} GiB",
+                           f"lower serving.maxTotalTokens to at most {limit}, or raise serving.memFractionStatic "
+                           f"if the outside budget allows"))  # fmt: skip
+    if not head.outside_fits:
+        max_frac = (unified - head.outside_needed_gib) / unified
+        out.append(Finding("memory-plan-fits", "serving.memFractionStatic", s.mem_fraction_static,
+                           f"leaves {head.outside_gib:.1f} GiB outside the static pool but CUDA graphs "
+                           f"{head.cuda_graphs_gib:.1f} + NCCL {head.nccl_gib:.2f} + runtime floor "
+                           f"{head.runtime_floor_gib:.1f} need {head.outside_needed_gib:.1f} GiB (a head OOM hangs every rank)",
+                           f"lower serving.memFractionStatic to at most {max_frac:.3f} or lower "
+                           f"serving.maxRunningRequests; never raise them to fix a full KV pool"))  # fmt: skip
+    return out
+
+
+@rule("context-length-supported")
+def _context(cfg: ClusterConfig) -> list[Finding]:
+    prof = plan.PROFILES.get(cfg.model.profile)
+    s = cfg.serving
+    out = []
+    limit = prof.max_context_by_tp.get(s.tp_size) if prof else None
+    if limit is not None and s.context_length > limit:
+        out.append(Finding("context-length-supported", "serving.contextLength", s.context_length,
+                           f"TP={s.tp_size} supports at most {limit} tokens of context",
+                           f"set serving.contextLength to {limit} or less (1M needs 4 Sparks)"))  # fmt: skip
+    if s.context_length > s.max_total_tokens:
+        out.append(Finding("context-length-supported", "serving.contextLength", s.context_length,
+                           f"one request of this length cannot fit the KV pool of {s.max_total_tokens} tokens",
+                           "lower serving.contextLength to at most serving.maxTotalTokens"))  # fmt: skip
+    return out
+
+
+@rule("topology-fits-node-count")
+def _topology(cfg: ClusterConfig) -> list[Finding]:
+    n = len(cfg.nodes)
+    if cfg.topology == "direct" and n > 3:
+        return [Finding("topology-fits-node-count", "topology", "direct",
+                        f"{n} Sparks cannot all be cabled to each other (a triangle is the largest direct mesh)",
+                        "use topology: switch (RoCE switch) or topology: ring (NCCL ring mode, 4 nodes)")]  # fmt: skip
+    if cfg.topology == "ring" and n != 4:
+        return [Finding("topology-fits-node-count", "topology", "ring",
+                        f"NCCL ring mode is for exactly 4 Sparks, {n} are listed",
+                        "use topology: direct for 2-3 nodes, or switch")]  # fmt: skip
+    return []
+
+
+MANAGED_FLAGS = {
+    "--model-path", "--served-model-name", "--tp", "--tp-size", "--ep-size", "--nnodes", "--node-rank",
+    "--dist-init-addr", "--nccl-init-addr", "--host", "--port", "--api-key", "--context-length",
+    "--max-total-tokens", "--max-running-requests", "--mem-fraction-static", "--chunked-prefill-size",
+    "--speculative-algorithm", "--speculative-dspark-block-size", "--cuda-graph-max-bs",
+}  # fmt: skip
+MANAGED_ENV = {"NODE_RANK", "NNODES", "TP_SIZE", "EP_SIZE", "HOST_IP", "DSV41_SOURCE", "DSV41_PACKED_DIR"}
+SECRET_ENV = {"API_KEY", "SGLANG_API_KEY", "OPENAI_API_KEY", "VLLM_API_KEY", "HF_TOKEN"}
+
+
+@rule("extra-args-not-managed")
+def _extra_args(cfg: ClusterConfig) -> list[Finding]:
+    out = []
+    for i, arg in enumerate(cfg.serving.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            out.append(Finding("extra-args-not-managed", f"serving.extraArgs[{i}]", arg,
+                               "this flag is set by the program from the structured config",
+                               "remove it and set the matching serving field (or apiKey secret for --api-key)"))  # fmt: skip
+    return out
+
+
+@rule("extra-env-not-managed")
+def _extra_env(cfg: ClusterConfig) -> list[Finding]:
+    out = []
+    for key in cfg.serving.extra_env:
+        if key in MANAGED_ENV:
+            out.append(Finding("extra-env-not-managed", f"serving.extraEnv.{key}", cfg.serving.extra_env[key],
+                               "set per rank by the program", "remove it from serving.extraEnv"))  # fmt: skip
+        elif key in SECRET_ENV:
+            out.append(Finding("extra-env-not-managed", f"serving.extraEnv.{key}", "<hidden>",
+                               "secrets in extraEnv end up in plain text in state, labels and previews",
+                               "remove it; the API key comes from `pulumi config set --secret deepseek-spark:apiKey`"))  # fmt: skip
+    return out
+
+
+@rule("tp3-padding-warning")
+def _tp3(cfg: ClusterConfig) -> list[Finding]:
+    if cfg.serving.tp_size == 3:
+        return [Finding("tp3-padding-warning", "serving.tpSize", 3,
+                        "rank 2's attention shard is all padding (64 heads / 8 o-groups / 128 draft experts "
+                        "do not divide by 3), so GPU use is uneven",
+                        "expected at TP3; use 4 Sparks for an even split", level="warning")]  # fmt: skip
+    return []
+
+
+@rule("dev-image-warning")
+def _image(cfg: ClusterConfig) -> list[Finding]:
+    if "@sha256:" not in cfg.image and ":dev" in cfg.image:
+        return [Finding("dev-image-warning", "image", cfg.image,
+                        "a development tag can move under you and then nodes run different builds",
+                        "pin it by digest (image@sha256:...) for reproducible rollouts", level="warning")]  # fmt: skip
+    return []
+
+
+def check(cfg: ClusterConfig) -> tuple[list[Finding], list[Finding]]:
+    """Run every rule; returns (errors, warnings)."""
+    findings = [f for _, fn in RULES for f in fn(cfg)]
+    return [f for f in findings if f.level == "error"], [f for f in findings if f.level == "warning"]

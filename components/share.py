@@ -1,0 +1,83 @@
+"""CheckpointShare: the 476 GiB checkpoint reachable on every node as one docker volume.
+
+nfs mode: the head exports the checkpoint read-only to exactly the worker fabric IPs, workers mount
+it as a docker `local` volume with NFS options; the head binds it locally. local mode: every node
+binds its own copy. Deleting these volumes never touches the checkpoint files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from . import commands, plan
+from .config import ClusterConfig
+from .node import SparkNode
+
+
+def volume_options(cfg: ClusterConfig, rank: int) -> dict[str, str]:
+    """driver_opts of the checkpoint volume on node `rank`."""
+    ckpt = cfg.model.checkpoint_dir
+    if rank == 0 or cfg.share.mode == "local":
+        return {"type": "none", "o": "bind", "device": ckpt}
+    return {
+        "type": "nfs",
+        "o": f"addr={plan.head(cfg).fabric_ip},{cfg.share.mount_options}",
+        "device": f":{ckpt}",
+    }
+
+
+@dataclass(frozen=True)
+class CheckpointShareArgs:
+    cfg: ClusterConfig
+    stack: str
+    nodes: list[SparkNode]
+
+
+class CheckpointShare(pulumi.ComponentResource):
+    """`export` (head, nfs mode only) and `volumes[i]` on node i."""
+
+    def __init__(self, name: str, args: CheckpointShareArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("deepseek-spark:index:CheckpointShare", name, None, opts)
+        cfg, stack, nodes = args.cfg, args.stack, args.nodes
+        self.export: Optional[remote.Command] = None
+        if cfg.share.mode == "nfs" and len(nodes) > 1:
+            self.export = remote.Command(
+                f"{name}-export",
+                connection=nodes[0].connection,
+                create=commands.export_create(cfg, stack),
+                delete=commands.export_delete(cfg, stack),
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    # create and delete write the same exports file: remove the old one first.
+                    delete_before_replace=True,
+                    # The export only makes sense once the head passed its checkpoint checks.
+                    depends_on=[nodes[0].preflight],
+                ),
+            )
+        self.volumes: list[docker.Volume] = []
+        for rank, node in enumerate(nodes):
+            nfs_client = self.export is not None and rank > 0
+            self.volumes.append(
+                docker.Volume(
+                    f"{name}-{node.node.name}",
+                    name=plan.checkpoint_volume_name(stack),
+                    driver="local",
+                    driver_opts=volume_options(cfg, rank),
+                    labels=[docker.VolumeLabelArgs(label="deepseek-spark.stack", value=stack)],
+                    opts=pulumi.ResourceOptions(
+                        parent=self,
+                        provider=node.docker,
+                        # Fixed volume name per node: the old volume must go before the new one.
+                        delete_before_replace=True,
+                        # A worker's NFS volume mounts the head's export, so the export comes first.
+                        depends_on=[self.export] if nfs_client else [],
+                    ),
+                )
+            )
+        self.register_outputs({"volumes": [v.name for v in self.volumes]})

@@ -1,0 +1,220 @@
+"""Run `__main__.py` under Pulumi mocks and record every registration (inputs *and* options).
+
+Mocks are set before the program runs, and the program is executed fresh with runpy for every
+run, so no resource can be created before the mocks exist. `MockResourceArgs` carries no options,
+so the monitor keeps the raw RegisterResourceRequest (dependencies, deleteBeforeReplace, ...).
+Secrets are kept as `Secret(value)` so tests can tell secret inputs from plain ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pmocks
+from pulumi.runtime import rpc
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+ROOT = Path(__file__).resolve().parent.parent
+MAIN = ROOT / "__main__.py"
+PROJECT = "deepseek-spark"
+TEST_API_KEY = "sk-test-0123456789abcdef0123456789abcdef"
+TEST_SSH_KEY = "-----BEGIN TEST KEY-----\nnot-a-real-key\n-----END TEST KEY-----\n"
+
+
+@dataclass(frozen=True)
+class Secret:
+    value: Any
+
+
+def _decode(value: Any) -> Any:
+    """JSON form of a protobuf Struct -> Python, keeping secrets visible as Secret(...)."""
+    if isinstance(value, dict):
+        sig = value.get(rpc._special_sig_key)
+        if sig == rpc._special_secret_sig:
+            return Secret(_decode(value.get("value")))
+        if sig == rpc._special_resource_sig:
+            return {"$resource": value.get("urn")}
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def reveal(value: Any) -> Any:
+    """The same value with every Secret unwrapped (what the provider would receive)."""
+    if isinstance(value, Secret):
+        return reveal(value.value)
+    if isinstance(value, dict):
+        return {k: reveal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [reveal(v) for v in value]
+    return value
+
+
+@dataclass
+class Registered:
+    urn: str
+    type: str
+    name: str
+    custom: bool
+    inputs: dict
+    parent: str
+    provider: str  # "<provider urn>::<id>" or ""
+    dependencies: list[str]
+    delete_before_replace: bool
+    retain_on_delete: bool
+    protect: bool
+    replace_with: list[str]
+    custom_timeouts: dict
+    ignore_changes: list[str]
+
+    @property
+    def provider_urn(self) -> str:
+        return self.provider.rsplit("::", 1)[0] if self.provider else ""
+
+    @property
+    def plain(self) -> dict:
+        return reveal(self.inputs)
+
+
+@dataclass
+class Recording:
+    resources: list[Registered] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)  # Secret(...) where the output is secret
+    logs: list[tuple[str, str]] = field(default_factory=list)
+
+    def of_type(self, type_: str) -> list[Registered]:
+        return [r for r in self.resources if r.type == type_]
+
+    def named(self, name: str) -> Registered:
+        found = [r for r in self.resources if r.name == name]
+        assert len(found) == 1, f"expected one resource named {name!r}, found {len(found)}"
+        return found[0]
+
+    def by_urn(self, urn: str) -> Registered:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def warnings(self) -> list[str]:
+        return [m for level, m in self.logs if level == "WARNING"]
+
+
+class RecordingMonitor(pmocks.MockMonitor):
+    def __init__(self, mocks: pmocks.Mocks, recording: Recording):
+        super().__init__(mocks)
+        self.recording = recording
+
+    def RegisterResource(self, request):
+        resp = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            obj = json_format.MessageToDict(request.object, preserving_proto_field_name=True)
+            self.recording.resources.append(
+                Registered(
+                    urn=resp.urn,
+                    type=request.type,
+                    name=request.name,
+                    custom=request.custom,
+                    inputs=_decode(obj),
+                    parent=request.parent,
+                    provider=request.provider,
+                    dependencies=list(request.dependencies),
+                    delete_before_replace=request.deleteBeforeReplace,
+                    retain_on_delete=request.retainOnDelete,
+                    protect=request.protect,
+                    replace_with=list(request.replace_with),
+                    custom_timeouts=json_format.MessageToDict(request.customTimeouts),
+                    ignore_changes=list(request.ignoreChanges),
+                )
+            )
+        return resp
+
+
+class Mocks(pmocks.Mocks):
+    """Providers echo their inputs; add the few outputs the program reads."""
+
+    def new_resource(self, args: pmocks.MockResourceArgs):
+        state = dict(args.inputs)
+        if args.typ == "docker:index/remoteImage:RemoteImage":
+            state["imageId"] = "sha256:" + "0" * 64
+            state["repoDigest"] = f"{args.inputs.get('name')}@sha256:" + "1" * 64
+        if args.typ in ("command:remote:Command", "command:local:Command"):
+            state.setdefault("stdout", "")
+            state.setdefault("stderr", "")
+        return f"{args.name}-id", state
+
+    def call(self, args: pmocks.MockCallArgs):
+        raise AssertionError(f"the program must not invoke {args.token}: preview never reaches a node")
+
+
+class _LogCapture(logging.Handler):
+    def __init__(self, recording: Recording):
+        super().__init__(logging.DEBUG)
+        self.recording = recording
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.recording.logs.append((record.levelname, record.getMessage()))
+
+
+def stack_file(stack: str) -> dict:
+    return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+def cluster_of(stack: str) -> dict:
+    return copy.deepcopy(stack_file(stack)[f"{PROJECT}:cluster"])
+
+
+def run_program(
+    stack: str,
+    cluster: dict | None = None,
+    api_key: str | None = TEST_API_KEY,
+    ssh_key: str | None = TEST_SSH_KEY,
+    plain: tuple[str, ...] = (),
+    preview: bool = False,
+) -> Recording:
+    """Run __main__.py for `stack` (its stack file, or `cluster` instead of its cluster value)."""
+    recording = Recording()
+    mocks = Mocks()
+    logger = logging.getLogger(f"pulumi-mock-{stack}")
+    logger.handlers[:] = [_LogCapture(recording)]
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    pulumi.runtime.set_mocks(
+        mocks, project=PROJECT, stack=stack, preview=preview, logger=logger,
+        monitor=RecordingMonitor(mocks, recording),
+    )  # fmt: skip
+    root = pulumi.runtime.get_root_resource()
+    root.outputs = {}
+    config = {}
+    for key, value in stack_file(stack).items():
+        config[key] = value if isinstance(value, str) else json.dumps(value)
+    if cluster is not None:
+        config[f"{PROJECT}:cluster"] = json.dumps(cluster)
+    secret_keys = []
+    for key, value in (("apiKey", api_key), ("sshPrivateKey", ssh_key)):
+        if value is not None:
+            config[f"{PROJECT}:{key}"] = value
+            if key not in plain:
+                secret_keys.append(f"{PROJECT}:{key}")
+    pulumi.runtime.set_all_config(config, secret_keys=secret_keys)
+
+    async def program():
+        runpy.run_path(str(MAIN), run_name="__main__")
+        for name, value in root.outputs.items():
+            out = pulumi.Output.from_input(value)
+            resolved = await out.future()
+            recording.outputs[name] = Secret(resolved) if await out.is_secret() else resolved
+
+    pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
+    _sync_await(run_pulumi_func(program))
+    return recording
