@@ -58,6 +58,13 @@ class ModelConfig(_Strict):
 
     _abs = field_validator("checkpoint_dir")(_absolute)
 
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _no_whitespace(cls, value: str) -> str:
+        if any(c.isspace() for c in value):
+            raise ValueError("must not contain whitespace (it is exported over NFS and mounted by docker)")
+        return value
+
 
 class ServingConfig(_Strict):
     port: int = Field(default=8888, ge=1, le=65535)

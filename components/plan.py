@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from dataclasses import asdict, dataclass, field
 
 from .config import ClusterConfig, NodeConfig
@@ -302,20 +303,24 @@ def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
     return args + list(s.extra_args)
 
 
-# The rank entrypoint. Runs inside the container with /bin/sh; takes the launcher flags as "$@".
-# - The API key is read from a mounted 0600 file (rank 0 only), so it is never part of a Pulumi
-#   input, a docker label or `docker inspect` args.
-# - NCCL_IB_GID_INDEX, unless pinned, is looked up from sysfs at every start (it moves between
-#   reboots): the RoCE v2 GID ending in the IPv4-mapped HOST_IP; 3 when none matches.
-LAUNCH_WRAPPER = r"""set -eu
+def launch_wrapper(key_file: str = API_KEY_MOUNT, sysfs: str = "/sys/class/infiniband") -> str:
+    """The rank entrypoint script, run by /bin/sh in the container with the launcher flags as "$@".
+
+    - The API key is read from a mounted 0600 file (rank 0 only), so it is never part of a Pulumi
+      input, a docker label or `docker inspect` args.
+    - NCCL_IB_GID_INDEX, unless pinned, is looked up from sysfs at every start (it moves between
+      reboots): the RoCE v2 GID ending in the IPv4-mapped HOST_IP; 3 when none matches.
+    """
+    return (
+        r"""set -eu
 if [ -z "${NCCL_IB_GID_INDEX:-}" ]; then
   want=$(printf '%s' "${HOST_IP:-}" | awk -F. 'NF==4{printf "%02x%02x:%02x%02x", $1, $2, $3, $4}')
   gid=""
   for hca in $(printf '%s' "${NCCL_IB_HCA:-}" | tr ',' ' '); do
-    for f in /sys/class/infiniband/"$hca"/ports/1/gids/*; do
+    for f in __SYSFS__/"$hca"/ports/1/gids/*; do
       [ -r "$f" ] || continue
       i=${f##*/}
-      t=$(cat /sys/class/infiniband/"$hca"/ports/1/gid_attrs/types/"$i" 2>/dev/null || true)
+      t=$(cat __SYSFS__/"$hca"/ports/1/gid_attrs/types/"$i" 2>/dev/null || true)
       case "$t" in *"v2"*) ;; *) continue ;; esac
       case "$(cat "$f")" in *"ffff:$want") gid=$i; break 2 ;; esac
     done
@@ -323,11 +328,14 @@ if [ -z "${NCCL_IB_GID_INDEX:-}" ]; then
   export NCCL_IB_GID_INDEX="${gid:-3}"
 fi
 echo "deepseek-spark: rank ${NODE_RANK:-?} NCCL_IB_GID_INDEX=$NCCL_IB_GID_INDEX"
-if [ -r "__API_KEY_FILE__" ]; then
-  set -- "$@" --api-key "$(cat "__API_KEY_FILE__")"
+if [ -r __KEY__ ]; then
+  set -- "$@" --api-key "$(cat __KEY__)"
 fi
 exec python3 -m sglang.launch_server "$@"
-""".replace("__API_KEY_FILE__", API_KEY_MOUNT)
+"""
+        .replace("__SYSFS__", shlex.quote(sysfs))
+        .replace("__KEY__", shlex.quote(key_file))
+    )
 
 
 @dataclass(frozen=True)
@@ -380,7 +388,7 @@ def rank_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
                 node=node.name,
                 container_name=container_name(stack, rank),
                 image=cfg.image,
-                entrypoint=["/bin/sh", "-c", LAUNCH_WRAPPER, "sglang-launch"],
+                entrypoint=["/bin/sh", "-c", launch_wrapper(), "sglang-launch"],
                 args=sglang_args(cfg, rank),
                 env=rank_env(cfg, rank),
                 mounts=mounts,

@@ -200,6 +200,22 @@ def _topology(cfg: ClusterConfig) -> list[Finding]:
     return []
 
 
+@rule("nfs-share-read-only")
+def _nfs_ro(cfg: ClusterConfig) -> list[Finding]:
+    out = []
+    export = [o.strip() for o in cfg.share.export_options.split(",")]
+    mount = [o.strip() for o in cfg.share.mount_options.split(",")]
+    if "ro" not in export or "rw" in export:
+        out.append(Finding("nfs-share-read-only", "share.exportOptions", cfg.share.export_options,
+                           "the checkpoint export must be read-only (a worker must never write the checkpoint)",
+                           "keep 'ro' and drop 'rw': ro,sync,no_subtree_check,no_root_squash,insecure"))  # fmt: skip
+    if "ro" not in mount or "rw" in mount:
+        out.append(Finding("nfs-share-read-only", "share.mountOptions", cfg.share.mount_options,
+                           "workers must mount the checkpoint read-only",
+                           "keep 'ro' and drop 'rw' in share.mountOptions"))  # fmt: skip
+    return out
+
+
 MANAGED_FLAGS = {
     "--model-path", "--served-model-name", "--tp", "--tp-size", "--ep-size", "--nnodes", "--node-rank",
     "--dist-init-addr", "--nccl-init-addr", "--host", "--port", "--api-key", "--context-length",

@@ -1,0 +1,321 @@
+"""__main__.py under Pulumi mocks for the real stack files, asserting the resource graph."""
+
+import json
+
+import pytest
+
+from components import plan
+from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, reveal, run_program
+
+CONTAINER = "docker:index/container:Container"
+VOLUME = "docker:index/volume:Volume"
+REMOTE = "command:remote:Command"
+LOCAL = "command:local:Command"
+DOCKER_PROVIDER = "pulumi:providers:docker"
+IMAGE = "docker:index/remoteImage:RemoteImage"
+
+STACKS = ["tp3", "tp4"]
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def stack(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def rec(stack):
+    return run_program(stack)
+
+
+def ranks(rec):
+    out = {}
+    for r in rec.of_type(CONTAINER):
+        labels = {lab["label"]: lab["value"] for lab in r.inputs["labels"]}
+        out[int(labels["deepseek-spark.rank"])] = (r, labels)
+    return [out[i] for i in sorted(out)]
+
+
+def flag(args, name):
+    return args[args.index(name) + 1]
+
+
+def provider_of_node(rec, stack, node):
+    return rec.named(f"{stack}-{node}-docker").urn
+
+
+def short(urn):
+    return urn.rsplit("::", 1)[-1]
+
+
+def test_one_rank_container_per_node_on_that_nodes_provider(rec, stack):
+    cfg = cluster_of(stack)
+    n = len(cfg["nodes"])
+    got = ranks(rec)
+    assert len(got) == n == len(rec.of_type(DOCKER_PROVIDER))
+    for rank, (res, labels) in enumerate(got):
+        node = cfg["nodes"][rank]["name"]
+        assert res.provider_urn == provider_of_node(rec, stack, node)
+        args = res.inputs["command"]
+        assert flag(args, "--node-rank") == str(rank)
+        assert flag(args, "--nnodes") == str(n)
+        assert flag(args, "--tp") == str(n)
+        assert flag(args, "--dist-init-addr") == f"{cfg['nodes'][0]['fabricIp']}:20000"
+        assert res.inputs["name"] == f"{stack}-rank{rank}"
+        assert labels["deepseek-spark.role"] == ("head" if rank == 0 else "worker")
+
+
+def test_docker_providers_reach_each_node_over_ssh(rec, stack):
+    for node in cluster_of(stack)["nodes"]:
+        p = rec.named(f"{stack}-{node['name']}-docker")
+        assert p.inputs["host"] == f"ssh://{node['sshUser']}@{node['host']}"
+        opts = json.loads(p.inputs["sshOpts"]) if isinstance(p.inputs["sshOpts"], str) else p.inputs["sshOpts"]
+        assert "BatchMode=yes" in opts and "StrictHostKeyChecking=yes" in opts
+    for r in rec.resources:
+        if r.type.startswith("docker:"):
+            assert r.provider, f"{r.name} would fall back to a default docker provider"
+
+
+def test_rank_container_settings(rec):
+    for res, _ in ranks(rec):
+        i = res.inputs
+        assert i["networkMode"] == "host" and i["ipcMode"] == "host"
+        assert i["gpus"] == "all" and i["restart"] == "no" and i["mustRun"] is True
+        assert i["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband", "permissions": "rwm"}]
+        ulimits = {u["name"]: (u["soft"], u["hard"]) for u in i["ulimits"]}
+        assert ulimits["memlock"] == (-1, -1) and ulimits["stack"] == (67108864, 67108864)
+        env = dict(e.split("=", 1) for e in i["envs"])
+        assert env["NCCL_IB_HCA"] and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"]
+        assert env["NCCL_BUFFSIZE"] == "1048576" and env["NCCL_LL128_BUFFSIZE"] == "262144"
+        mounts = {m["target"]: m for m in i["mounts"]}
+        assert mounts[plan.MODEL_MOUNT]["readOnly"] is True and mounts[plan.MODEL_MOUNT]["type"] == "volume"
+
+
+def test_ranks_are_delete_before_replace(rec):
+    assert all(res.delete_before_replace for res, _ in ranks(rec))
+
+
+def test_head_depends_on_every_worker(rec):
+    (head, _), *workers = ranks(rec)
+    assert {w.urn for w, _ in workers} <= set(head.dependencies)
+    for w, _ in workers:
+        assert not {x.urn for x, _ in ranks(rec)} & set(w.dependencies), "workers must not wait on each other"
+
+
+def test_each_rank_waits_for_its_nodes_prerequisites(rec, stack):
+    for rank, (res, _) in enumerate(ranks(rec)):
+        node = cluster_of(stack)["nodes"][rank]["name"]
+        deps = {short(d) for d in res.dependencies}
+        assert {f"{stack}-{node}-preflight", f"{stack}-image-{node}", f"{stack}-checkpoint-{node}",
+                f"{stack}-engram-{node}"} <= deps  # fmt: skip
+
+
+def test_group_revision_equal_on_all_ranks_and_exported(rec):
+    revs = {labels[plan.REVISION_LABEL] for _, labels in ranks(rec)}
+    assert len(revs) == 1
+    assert rec.outputs["group_revision"] == revs.pop()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"maxRunningRequests": 2},
+        {"memFractionStatic": 0.79},
+        {"extraEnv": {"NCCL_DEBUG": "INFO"}},
+        {"extraArgs": ["--enable-metrics"]},
+        {"specAlgo": "off"},
+        {"dsparkBlockSize": 5},
+        {"chunkedPrefillSize": 2048},
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_any_serving_change_changes_revision_on_all_ranks(change):
+    base = ranks(run_program("tp4"))
+    raw = cluster_of("tp4")
+    raw["serving"].update(change)
+    changed = ranks(run_program("tp4", cluster=raw))
+    old = {labels[plan.REVISION_LABEL] for _, labels in base}
+    new = [labels[plan.REVISION_LABEL] for _, labels in changed]
+    assert len(set(new)) == 1 and set(new) != old
+
+
+def test_image_and_fabric_changes_also_change_revision():
+    old = ranks(run_program("tp4"))[0][1][plan.REVISION_LABEL]
+    for section, change in (("image", "lmsysorg/sglang@sha256:" + "a" * 64), ("fabric", {"ibHca": "rocep1s0f1"})):
+        raw = cluster_of("tp4")
+        raw[section] = change if section == "image" else {**raw[section], **change}
+        assert ranks(run_program("tp4", cluster=raw))[3][1][plan.REVISION_LABEL] != old
+
+
+def test_engram_shards_retained_with_revision_triggers(rec, stack):
+    cfg = cluster_of(stack)
+    shards = [rec.named(f"{stack}-engram-{n['name']}") for n in cfg["nodes"]]
+    for rank, s in enumerate(shards):
+        assert s.retain_on_delete and s.delete_before_replace
+        assert s.inputs["triggers"][:3] == [cfg["model"]["revision"], f"tp={len(cfg['nodes'])}", f"rank={rank}"]
+        assert f"--rank {rank} --tp {len(cfg['nodes'])}" in s.inputs["create"]
+
+
+def test_shards_not_retained_when_asked():
+    raw = cluster_of("tp4")
+    raw["engram"]["retain"] = False
+    rec = run_program("tp4", cluster=raw)
+    assert not any(r.retain_on_delete for r in rec.of_type(REMOTE))
+
+
+def test_nfs_export_lists_exactly_the_worker_fabric_ips_read_only(rec, stack):
+    cfg = cluster_of(stack)
+    export = rec.named(f"{stack}-checkpoint-export")
+    head_provider_host = cfg["nodes"][0]["host"]
+    assert reveal(export.inputs["connection"])["host"] == head_provider_host
+    line = [ln for ln in export.inputs["create"].splitlines() if "exports.d" in ln and "tee" in ln][0]
+    exported = line.split("'")[3]  # printf '%s\n' '<exports line>' | tee <file>
+    path, *clients = exported.split()
+    assert path == cfg["model"]["checkpointDir"]
+    assert [c.split("(")[0] for c in clients] == [n["fabricIp"] for n in cfg["nodes"][1:]]
+    for c in clients:
+        opts = c.split("(")[1].rstrip(")").split(",")
+        assert "ro" in opts and "rw" not in opts
+    assert "*" not in exported
+    assert export.delete_before_replace and "rm -f /etc/exports.d/" in export.inputs["delete"]
+
+
+def test_checkpoint_volumes_bind_on_head_nfs_on_workers(rec, stack):
+    cfg = cluster_of(stack)
+    head_fabric = cfg["nodes"][0]["fabricIp"]
+    export_urn = rec.named(f"{stack}-checkpoint-export").urn
+    for rank, node in enumerate(cfg["nodes"]):
+        v = rec.named(f"{stack}-checkpoint-{node['name']}")
+        assert v.provider_urn == provider_of_node(rec, stack, node["name"])
+        opts = v.inputs["driverOpts"]
+        assert v.inputs["name"] == f"{stack}-checkpoint" and v.delete_before_replace
+        if rank == 0:
+            assert opts == {"type": "none", "o": "bind", "device": cfg["model"]["checkpointDir"]}
+        else:
+            assert opts["type"] == "nfs" and opts["device"] == f":{cfg['model']['checkpointDir']}"
+            assert opts["o"].startswith(f"addr={head_fabric},nfsvers=4.2,ro,")
+            assert export_urn in v.dependencies
+
+
+def test_local_share_mode_has_no_export_and_binds_everywhere():
+    raw = cluster_of("tp4")
+    raw["share"] = {"mode": "local"}
+    rec = run_program("tp4", cluster=raw)
+    assert not [r for r in rec.of_type(REMOTE) if r.name.endswith("-export")]
+    assert {v.inputs["driverOpts"]["type"] for v in rec.of_type(VOLUME)} == {"none"}
+
+
+def test_images_on_every_node_kept_on_destroy(rec, stack):
+    images = rec.of_type(IMAGE)
+    assert len(images) == len(cluster_of(stack)["nodes"])
+    assert all(i.inputs["keepLocally"] is True and i.inputs["name"] == "lmsysorg/sglang:dev-dsv41" for i in images)
+    assert all(i.custom_timeouts.get("create") == "60m" for i in images)
+
+
+def test_readiness_waits_for_all_ranks_and_gets_key_by_env(rec):
+    (check,) = rec.of_type(LOCAL)
+    assert {r.urn for r, _ in ranks(rec)} <= set(check.dependencies)
+    env = check.inputs["environment"]
+    assert env == {"DSPARK_API_KEY": Secret(TEST_API_KEY)}
+    assert check.inputs["triggers"] == [rec.outputs["group_revision"]]
+    assert "components.probe" in check.inputs["create"]
+
+
+def test_api_key_file_written_from_stdin_on_the_head(rec, stack):
+    key_cmd = rec.named(f"{stack}-sglang-api-key")
+    assert key_cmd.inputs["stdin"] == Secret(TEST_API_KEY)
+    assert key_cmd.inputs["logging"] == "none"
+    assert key_cmd.delete_before_replace
+    assert all(key_cmd.urn in res.replace_with for res, _ in ranks(rec))
+    (head, _) = ranks(rec)[0]
+    assert key_cmd.urn in head.dependencies
+
+
+def _plain_strings(value, inside_secret=False):
+    """Yield every string that is *not* under a Secret wrapper."""
+    if isinstance(value, Secret):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _plain_strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _plain_strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_secrets_never_in_plain_inputs_labels_or_outputs(rec):
+    for res in rec.resources:
+        for text in _plain_strings(res.inputs):
+            assert TEST_API_KEY not in text, f"API key in plain input of {res.name}"
+            assert "not-a-real-key" not in text, f"ssh key in plain input of {res.name}"
+        for key in ("create", "update", "delete"):
+            assert TEST_API_KEY not in json.dumps(reveal(res.inputs.get(key, ""))), f"key in {key} of {res.name}"
+    for res, labels in ranks(rec):
+        assert TEST_API_KEY not in json.dumps(labels) and "--api-key" not in res.inputs["command"]
+    for name, value in rec.outputs.items():
+        for text in _plain_strings(value):
+            assert TEST_API_KEY not in text, f"API key in plain output {name}"
+    assert isinstance(rec.outputs["api_key"], Secret) and rec.outputs["api_key"].value == TEST_API_KEY
+    for text in (m for _, m in rec.logs):
+        assert TEST_API_KEY not in text
+
+
+def test_connections_carry_the_ssh_key_as_a_secret(rec):
+    for res in rec.of_type(REMOTE):
+        conn = res.inputs["connection"]
+        assert reveal(conn)["privateKey"] == TEST_SSH_KEY
+        assert TEST_SSH_KEY not in list(_plain_strings(conn))
+
+
+def test_outputs(rec, stack):
+    cfg = cluster_of(stack)
+    out = rec.outputs
+    assert out["endpoint"] == "http://10.0.0.1:8888/v1"
+    assert out["model"] == "deepseek-v4.1-flash"
+    assert [n["rank"] for n in out["nodes"]] == list(range(len(cfg["nodes"])))
+    assert out["nodes"][0]["role"] == "head" and out["nodes"][1]["container"] == f"{stack}-rank1"
+    assert out["memory_plan"]["fits"] is True
+    cc = out["client_config"]
+    assert isinstance(cc, Secret)
+    assert cc.value["base_url"] == out["endpoint"] and cc.value["api_key"] == TEST_API_KEY
+    assert cc.value["openai_env"] == {"OPENAI_BASE_URL": out["endpoint"], "OPENAI_API_KEY": TEST_API_KEY,
+                                      "OPENAI_MODEL": "deepseek-v4.1-flash"}  # fmt: skip
+
+
+def test_memory_plan_is_printed(rec):
+    assert any(level == "INFO" and m.startswith("memory plan (") for level, m in rec.logs)
+
+
+def _normalized(rec):
+    return sorted(
+        (r.type, r.name, json.dumps(r.inputs, sort_keys=True, default=repr), tuple(sorted(r.dependencies)),
+         r.provider, r.delete_before_replace, r.retain_on_delete, tuple(sorted(r.replace_with)))
+        for r in rec.resources
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("stack_name", STACKS)
+def test_deterministic(stack_name):
+    assert _normalized(run_program(stack_name)) == _normalized(run_program(stack_name))
+
+
+def test_preview_mode_registers_the_same_graph():
+    assert _normalized(run_program("tp4", preview=True)) == _normalized(run_program("tp4"))
+
+
+def test_components_follow_naming_and_tokens(rec, stack):
+    comps = [r for r in rec.resources if not r.custom]
+    assert {r.type for r in comps} == {
+        f"deepseek-spark:index:{c}"
+        for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "EngramShards", "SglangGroup",
+                  "Readiness")
+    }  # fmt: skip
+    by_urn = {r.urn: r for r in rec.resources}
+    for r in rec.resources:
+        if r.type == "deepseek-spark:index:DeepSeekCluster":
+            assert r.name == stack
+            continue
+        parent = by_urn[r.parent]
+        assert r.name.startswith(parent.name + "-"), f"{r.name} not named after its parent {parent.name}"

@@ -1,0 +1,214 @@
+"""Shell commands: run them against stub tools in a temp dir and check what they do."""
+
+import os
+import shlex
+import stat
+import subprocess
+
+import pytest
+
+from components import commands, plan
+from components.config import parse_cluster
+from harness import cluster_of
+
+STUBS = {
+    "docker": 'case "$1" in info) echo 28.0;; ps) [ -n "${MINE:-}" ] && echo abc123;; esac; exit 0',
+    "nvidia-smi": (
+        'case "$1" in -L) [ -z "${NO_GPU:-}" ] && echo "GPU 0: NVIDIA GB10 (UUID: GPU-x)";; '
+        '--query-compute-apps=*) [ -n "${BUSY:-}" ] && echo 4242;; esac; exit 0'
+    ),
+    "ethtool": 'printf "Settings for %s:\\n\\tSpeed: %sMb/s\\n\\tLink detected: %s\\n" "$1" "${SPEED:-200000}" "${LINK:-yes}"',
+    "df": 'echo "Filesystem 1024-blocks Used Available Capacity Mounted on"; echo "/dev/nvme0n1 1 1 ${AVAIL_KB:-999999999} 1% /"',
+}
+
+
+@pytest.fixture
+def node_env(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    for i in range(1, 49):
+        (ckpt / f"model-{i:05d}-of-00048.safetensors").write_text("")
+    (tmp_path / "engram").mkdir()
+    return tmp_path
+
+
+def cfg_for(tmp_path, stack="tp4", **changes):
+    raw = cluster_of(stack)
+    raw["model"]["checkpointDir"] = str(tmp_path / "ckpt")
+    raw["engram"]["dir"] = str(tmp_path / "engram")
+    raw["stateDir"] = str(tmp_path / "state")
+    for node in raw["nodes"]:
+        node["sshUser"] = "root"
+    for key, value in changes.items():
+        raw[key] = value
+    return parse_cluster(raw)
+
+
+def run(script, tmp_path, stdin=None, **env):
+    full_env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", **env}
+    return subprocess.run(["/bin/sh", "-c", script], env=full_env, input=stdin, capture_output=True, text=True)
+
+
+def test_preflight_passes_on_a_healthy_head(node_env):
+    out = run(commands.preflight(cfg_for(node_env), "tp4", 0), node_env)
+    for check in ("docker", "gpu", "gpu-idle", "fabric-link", "fabric-speed",
+                  "checkpoint-config", "checkpoint-shards", "engram-space"):  # fmt: skip
+        assert f"preflight spark1: ok {check}" in out.stdout
+    # This machine has no RDMA devices: the only failure may be that one, and it must say so.
+    if os.path.exists("/dev/infiniband"):
+        assert out.returncode == 0, out.stderr
+    else:
+        assert out.returncode == 1
+        assert out.stderr.splitlines()[0] == (
+            "preflight spark1: FAIL infiniband: /dev/infiniband is missing; install the MLNX/DOCA OFED drivers"
+        )
+        assert out.stderr.count("FAIL") == 1
+
+
+@pytest.mark.parametrize(
+    "env,check",
+    [
+        ({"NO_GPU": "1"}, "gpu"),
+        ({"BUSY": "1"}, "gpu-idle"),
+        ({"LINK": "no"}, "fabric-link"),
+        ({"SPEED": "100000"}, "fabric-speed"),
+        ({"AVAIL_KB": "1024"}, "engram-space"),
+    ],
+)
+def test_preflight_names_node_and_failed_check(node_env, env, check):
+    out = run(commands.preflight(cfg_for(node_env), "tp4", 2), node_env, **env)
+    assert out.returncode == 1
+    assert f"preflight spark3: FAIL {check}:" in out.stderr
+    assert "nothing was changed" in out.stderr
+
+
+def test_preflight_gpu_used_by_our_own_rank_is_not_busy(node_env):
+    out = run(commands.preflight(cfg_for(node_env), "tp4", 1), node_env, BUSY="1", MINE="1")
+    assert "ok gpu-idle" in out.stdout
+
+
+def test_preflight_counts_checkpoint_shards_on_the_head(node_env):
+    (node_env / "ckpt" / "model-00048-of-00048.safetensors").unlink()
+    out = run(commands.preflight(cfg_for(node_env), "tp4", 0), node_env)
+    assert "FAIL checkpoint-shards: 47 of 48" in out.stderr
+
+
+def test_preflight_skips_checkpoint_on_nfs_workers_but_not_in_local_mode(node_env):
+    assert "checkpoint" not in commands.preflight(cfg_for(node_env), "tp4", 1)
+    local = cfg_for(node_env, share={"mode": "local"})
+    assert "checkpoint-shards" in commands.preflight(local, "tp4", 1)
+
+
+def test_preflight_space_check_passes_when_shards_exist(node_env):
+    for name in plan.shard_files(0, 4):
+        (node_env / "engram" / name).write_text("x")
+    out = run(commands.preflight(cfg_for(node_env), "tp4", 0), node_env, AVAIL_KB="1")
+    assert "ok engram-space" in out.stdout
+
+
+def test_export_line_is_read_only_to_exactly_the_workers():
+    cfg = parse_cluster(cluster_of("tp4"))
+    line = commands.export_line(cfg)
+    path, *clients = line.split()
+    assert path == "/home/zurih/NewModels/DS4.1"
+    assert [c.split("(")[0] for c in clients] == ["10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    assert all("(ro," in c for c in clients) and "*" not in line and "rw" not in line.split(",")
+
+
+def test_export_commands_use_sudo_for_non_root_and_own_file():
+    cfg = parse_cluster(cluster_of("tp4"))
+    create = commands.export_create(cfg, "tp4")
+    assert "sudo -n tee /etc/exports.d/deepseek-spark-tp4.exports" in create
+    assert "sudo -n exportfs -ra" in create
+    assert commands.export_delete(cfg, "tp4") == (
+        "set -eu\nsudo -n rm -f /etc/exports.d/deepseek-spark-tp4.exports\nsudo -n exportfs -ra\n"
+    )
+
+
+def test_hostile_values_stay_quoted(node_env):
+    cfg = cfg_for(node_env, model={"checkpointDir": "/srv/models/x;touch${IFS}PWNED", "revision": "r'1",
+                                   "servedName": "m $(touch PWNED)"})  # fmt: skip
+    for script in (commands.preflight(cfg, "tp4", 0), commands.export_create(cfg, "tp4"),
+                   commands.engram_pack(cfg, "tp4", 0), commands.readiness(cfg)):  # fmt: skip
+        assert subprocess.run(["/bin/sh", "-n", "-c", script]).returncode == 0
+    run(commands.preflight(cfg, "tp4", 0), node_env)
+    assert not (node_env / "PWNED").exists() and not os.path.exists("PWNED")
+    assert commands.export_line(cfg).startswith("/srv/models/x;touch${IFS}PWNED ")
+    assert shlex.quote(commands.export_line(cfg)) in commands.export_create(cfg, "tp4")
+    assert "'m $(touch PWNED)'" in commands.readiness(cfg)
+
+
+@pytest.fixture
+def docker_stub(node_env):
+    """A `docker run` stand-in that writes the shard files into the -v ...:/engram directory."""
+    (node_env / "bin" / "docker").write_text(
+        "#!/bin/sh\n"
+        'echo "$@" >> "$CALLS"\n'
+        '[ "$1" = run ] || exit 0\n'
+        'for a in "$@"; do case "$a" in *:/engram) out=${a%:/engram};; esac; done\n'
+        'rank=$(echo "$@" | sed -n "s/.*--rank \\([0-9]*\\).*/\\1/p"); tp=$(echo "$@" | sed -n "s/.*--tp \\([0-9]*\\).*/\\1/p")\n'
+        'for l in 1 14; do echo packed > "$out/engram-l$l-r${rank}of$tp.bin"; done\n'
+    )
+    return node_env
+
+
+def test_engram_pack_is_idempotent_and_repacks_on_new_revision(docker_stub):
+    calls = docker_stub / "calls"
+    cfg = cfg_for(docker_stub)
+    script = commands.engram_pack(cfg, "tp4", 2)
+    out = run(script, docker_stub, CALLS=str(calls))
+    assert out.returncode == 0, out.stderr
+    shard = docker_stub / "engram" / "engram-l14-r2of4.bin"
+    assert shard.exists() and (docker_stub / "engram" / ".engram-r2of4.revision").read_text().strip() == cfg.model.revision
+    assert "--rank 2 --tp 4" in calls.read_text() and "tp4-checkpoint:/models/DeepSeek-V4.1-Flash:ro" in calls.read_text()
+    runs = calls.read_text().count("run --rm")
+    mtime = shard.stat().st_mtime_ns
+
+    again = run(script, docker_stub, CALLS=str(calls))
+    assert "already packed" in again.stdout
+    assert calls.read_text().count("run --rm") == runs and shard.stat().st_mtime_ns == mtime
+
+    newer = cfg_for(docker_stub, model={**cluster_of("tp4")["model"], "checkpointDir": str(docker_stub / "ckpt"),
+                                        "revision": "0123abc"})  # fmt: skip
+    out = run(commands.engram_pack(newer, "tp4", 2), docker_stub, CALLS=str(calls))
+    assert out.returncode == 0 and calls.read_text().count("run --rm") == runs + 1
+    assert (docker_stub / "engram" / ".engram-r2of4.revision").read_text().strip() == "0123abc"
+
+
+def test_engram_delete_removes_only_this_ranks_shards(docker_stub):
+    cfg = cfg_for(docker_stub)
+    for rank in (1, 2):
+        run(commands.engram_pack(cfg, "tp4", rank), docker_stub, CALLS=str(docker_stub / "calls"))
+    run(commands.engram_delete(cfg, 2), docker_stub)
+    left = sorted(p.name for p in (docker_stub / "engram").iterdir())
+    assert left == [".engram-r1of4.revision", "engram-l1-r1of4.bin", "engram-l14-r1of4.bin"]
+
+
+def test_api_key_file_gets_stdin_with_mode_600(node_env):
+    cfg = cfg_for(node_env)
+    create = commands.api_key_create(cfg, "tp4")
+    assert "sk-secret" not in create
+    out = run(create, node_env, stdin="sk-secret")
+    assert out.returncode == 0, out.stderr
+    path = node_env / "state" / "tp4" / "api-key"
+    assert path.read_text() == "sk-secret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    run(commands.api_key_delete(cfg, "tp4"), node_env)
+    assert not path.exists()
+
+
+def test_sudo_only_for_non_root():
+    assert commands.sudo("root") == ""
+    assert commands.sudo("zurih") == "sudo -n "
+
+
+def test_readiness_takes_the_key_from_the_environment():
+    cmd = commands.readiness(parse_cluster(cluster_of("tp4")))
+    assert cmd.startswith("python3 -m components.probe --url http://10.0.0.1:8888/v1")
+    assert f"--key-env {commands.READINESS_KEY_ENV}" in cmd and "--timeout 1800" in cmd

@@ -1,0 +1,180 @@
+"""Pure planning: launch flags, env, memory figures, shard names, group revision, rank entrypoint."""
+
+import os
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from components import plan
+from components.config import parse_cluster
+from harness import cluster_of
+
+
+def cfg_of(stack, **serving):
+    raw = cluster_of(stack)
+    raw["serving"].update(serving)
+    return parse_cluster(raw)
+
+
+def _flag(args, name):
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize("stack,n", [("tp3", 3), ("tp4", 4)])
+def test_launch_flags_per_rank(stack, n):
+    cfg = cfg_of(stack)
+    for rank in range(n):
+        args = plan.sglang_args(cfg, rank)
+        assert _flag(args, "--node-rank") == str(rank)
+        assert _flag(args, "--nnodes") == str(n)
+        assert _flag(args, "--tp") == str(n)
+        assert _flag(args, "--dist-init-addr") == "10.0.0.1:20000"
+        assert _flag(args, "--port") == "8888"
+        assert _flag(args, "--speculative-algorithm") == "DSPARK"
+        assert _flag(args, "--speculative-dspark-block-size") == "3"
+        assert "--api-key" not in args
+
+
+def test_spec_off_drops_speculative_flags():
+    args = plan.sglang_args(cfg_of("tp4", specAlgo="off"), 0)
+    assert not [a for a in args if a.startswith("--speculative")]
+
+
+def test_extra_args_are_appended_last():
+    cfg = cfg_of("tp4", extraArgs=["--enable-metrics"])
+    assert plan.sglang_args(cfg, 1)[-1] == "--enable-metrics"
+
+
+def test_dist_init_uses_head_fabric_ip_not_management():
+    raw = cluster_of("tp4")
+    raw["nodes"][0]["fabricIp"] = "192.168.100.1"
+    assert _flag(plan.sglang_args(parse_cluster(raw), 2), "--dist-init-addr") == "192.168.100.1:20000"
+
+
+def test_nccl_tuned_buffers_and_ring_mode():
+    cfg = cfg_of("tp4")
+    env = plan.nccl_env(cfg)
+    assert env["NCCL_BUFFSIZE"] == "1048576" and env["NCCL_PROTO"] == "^LL128"
+    assert env["NCCL_IB_HCA"] == "rocep1s0f0,rocep1s0f1" and env["GLOO_SOCKET_IFNAME"] == "enP7s7"
+    assert "NCCL_ALGO" not in env and "NCCL_IB_GID_INDEX" not in env
+    raw = cluster_of("tp4")
+    raw["topology"] = "ring"
+    raw["fabric"]["tunedBuffers"] = False
+    raw["fabric"]["gidIndex"] = 5
+    env = plan.nccl_env(parse_cluster(raw))
+    assert env["NCCL_ALGO"] == "Ring" and env["NCCL_MIN_NCHANNELS"] == "4"
+    assert "NCCL_BUFFSIZE" not in env and env["NCCL_IB_GID_INDEX"] == "5"
+
+
+def test_rank_env_per_node_and_extra_env_override():
+    cfg = cfg_of("tp4", extraEnv={"NCCL_DEBUG": "INFO"})
+    env = plan.rank_env(cfg, 2)
+    assert env["HOST_IP"] == "10.0.0.3" and env["NODE_RANK"] == "2"
+    assert env["NCCL_DEBUG"] == "INFO" and env["OFFLOAD_MODE"] == "nvme"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+
+
+def test_memory_plan_tp4_seed_figures():
+    mp = plan.memory_plan(cfg_of("tp4"))
+    head, worker = mp.ranks
+    assert mp.fits
+    assert head.weights_gib + head.draft_gib == pytest.approx(77 + 2.5 + 1.3)
+    assert worker.weights_gib + worker.draft_gib == pytest.approx(77 + 2.5)
+    assert head.kv_gib == pytest.approx(8_000_000 * 1670.75 / 2**30)  # the 8M pin is ~13.4 GB
+    assert head.static_pool_gib == pytest.approx(0.80 * 121.7)
+    assert head.outside_gib == pytest.approx(0.20 * 121.7)  # ~24 GiB outside the pool
+
+
+def test_memory_plan_tp3_is_tight_but_fits():
+    mp = plan.memory_plan(cfg_of("tp3"))
+    head = mp.ranks[0]
+    assert mp.fits
+    assert head.outside_gib == pytest.approx(0.05 * 121.7)  # the seed's "~6 GB free at TP3"
+    assert head.outside_gib - head.outside_needed_gib < 2.0
+
+
+def test_memory_plan_untuned_nccl_costs_4_7_gib():
+    raw = cluster_of("tp3")
+    raw["fabric"]["tunedBuffers"] = False
+    mp = plan.memory_plan(parse_cluster(raw))
+    assert mp.ranks[0].nccl_gib == pytest.approx(4.7)
+    assert not mp.fits  # at TP3/0.95 only the tuned buffers leave room
+
+
+def test_memory_plan_output_shape():
+    out = plan.memory_plan(cfg_of("tp4")).to_output()
+    assert out["fits"] is True and [r["role"] for r in out["ranks"]] == ["head", "worker"]
+    assert out["ranks"][0]["headroomGiB"] > 0
+
+
+def test_shard_names_follow_the_reference():
+    assert plan.shard_files(2, 4) == ["engram-l1-r2of4.bin", "engram-l14-r2of4.bin"]
+    assert plan.engram_shard_gib(cfg_of("tp4")) == pytest.approx(47.25)  # ~48 GiB per node
+
+
+def test_group_revision_deterministic_and_sensitive():
+    cfg = cfg_of("tp4")
+    specs = plan.rank_specs(cfg, "tp4")
+    rev = plan.group_revision(specs)
+    assert rev == plan.group_revision(plan.rank_specs(cfg_of("tp4"), "tp4"))
+    assert len(rev) == 16
+    changed = [replace(specs[3], env={**specs[3].env, "NCCL_DEBUG": "INFO"})]
+    assert plan.group_revision(specs[:3] + changed) != rev
+    assert plan.group_revision(plan.rank_specs(cfg_of("tp4", maxRunningRequests=4), "tp4")) != rev
+
+
+def test_only_rank0_mounts_the_api_key():
+    specs = plan.rank_specs(cfg_of("tp4"), "tp4")
+    assert [any(m.target == plan.API_KEY_MOUNT for m in s.mounts) for s in specs] == [True, False, False, False]
+    assert specs[0].mounts[-1].source == "/var/lib/deepseek-spark/tp4/api-key"
+    assert all(s.restart == "no" and s.network_mode == "host" and s.ipc_mode == "host" for s in specs)
+
+
+def _run_wrapper(tmp_path, env, key=None, sysfs=None):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text('#!/bin/sh\necho "GID=$NCCL_IB_GID_INDEX"\nprintf "ARG=%s\\n" "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    key_file = tmp_path / "key"
+    if key is not None:
+        key_file.write_text(key)
+    script = plan.launch_wrapper(str(key_file), str(sysfs or tmp_path / "no-sysfs"))
+    out = subprocess.run(
+        ["/bin/sh", "-c", script, "sglang-launch", "--tp", "4"],
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout
+
+
+def test_wrapper_appends_key_from_file_and_defaults_gid(tmp_path):
+    out = _run_wrapper(tmp_path, {"HOST_IP": "10.0.0.1", "NCCL_IB_HCA": "rocep1s0f0"}, key="sk-abc")
+    assert "GID=3" in out
+    assert out.splitlines()[-4:] == ["ARG=--tp", "ARG=4", "ARG=--api-key", "ARG=sk-abc"]
+
+
+def test_wrapper_without_key_file_passes_no_key(tmp_path):
+    out = _run_wrapper(tmp_path, {"HOST_IP": "10.0.0.2"})
+    assert "--api-key" not in out
+
+
+def test_wrapper_finds_the_roce_v2_gid_of_the_node_ip(tmp_path):
+    port = tmp_path / "sys" / "rocep1s0f1" / "ports" / "1"
+    (port / "gids").mkdir(parents=True)
+    (port / "gid_attrs" / "types").mkdir(parents=True)
+    gids = {
+        "0": ("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
+        "2": ("0000:0000:0000:0000:0000:ffff:0a00:0002", "IB/RoCE v1"),
+        "5": ("0000:0000:0000:0000:0000:ffff:0a00:0002", "RoCE v2"),
+    }
+    for i, (gid, kind) in gids.items():
+        (port / "gids" / i).write_text(gid + "\n")
+        (port / "gid_attrs" / "types" / i).write_text(kind + "\n")
+    out = _run_wrapper(tmp_path, {"HOST_IP": "10.0.0.2", "NCCL_IB_HCA": "rocep1s0f0,rocep1s0f1"},
+                       sysfs=tmp_path / "sys")  # fmt: skip
+    assert "GID=5" in out
+
+
+def test_wrapper_keeps_a_pinned_gid(tmp_path):
+    assert "GID=7" in _run_wrapper(tmp_path, {"NCCL_IB_GID_INDEX": "7", "HOST_IP": "10.0.0.2"})

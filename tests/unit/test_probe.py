@@ -1,0 +1,106 @@
+"""The readiness probe against a local stand-in server on 127.0.0.1."""
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from components import probe
+from harness import ROOT
+
+KEY = "sk-probe-test"
+
+
+class _State:
+    health_codes: list
+    answer = "42"
+    seen_auth: list
+
+
+@pytest.fixture
+def server():
+    state = _State()
+    state.health_codes = [503, 503, 200]
+    state.seen_auth = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            code = state.health_codes.pop(0) if len(state.health_codes) > 1 else state.health_codes[0]
+            self._send(code, {})
+
+        def do_POST(self):
+            auth = self.headers.get("Authorization")
+            state.seen_auth.append(auth)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if auth != f"Bearer {KEY}":
+                return self._send(401, {"error": "Unauthorized"})
+            assert self.path == "/v1/chat/completions" and body["max_tokens"] == 32
+            self._send(200, {"choices": [{"message": {"content": state.answer}, "finish_reason": "stop"}]})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    state.url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    yield state
+    srv.shutdown()
+
+
+def test_health_url():
+    assert probe.health_url("http://h:8888/v1") == "http://h:8888/health"
+    assert probe.health_url("http://h:8888/v1/") == "http://h:8888/health"
+
+
+def test_waits_for_health_then_needs_a_real_answer(server):
+    logs = []
+    ok = probe.wait_ready(server.url, KEY, "m", "What is 19 + 23?", "42", timeout=10, interval=0.01, log=logs.append)
+    assert ok
+    assert sum("/health returned 503" in line for line in logs) == 2
+    assert server.seen_auth == [f"Bearer {KEY}"]
+    assert "answered '42'" in logs[-1]
+
+
+def test_wrong_answer_times_out_with_last_error(server):
+    server.health_codes = [200]
+    server.answer = "I am broken"
+    logs = []
+    ok = probe.wait_ready(server.url, KEY, "m", "q", "42", timeout=0.05, interval=0.01, log=logs.append)
+    assert not ok
+    assert "last error: chat completion answered 'I am broken', expected '42'" in logs[-1]
+
+
+def test_wrong_key_is_reported_as_401(server):
+    server.health_codes = [200]
+    logs = []
+    assert not probe.wait_ready(server.url, "wrong", "m", "q", "42", timeout=0.05, interval=0.01, log=logs.append)
+    assert "HTTP 401" in logs[-1]
+    assert "wrong" not in "".join(logs)
+
+
+def test_unreachable_endpoint_fails_after_timeout():
+    logs = []
+    ok = probe.wait_ready("http://127.0.0.1:9/v1", KEY, "m", "q", "42", timeout=0.05, interval=0.01, log=logs.append)
+    assert not ok and "not ready after" in logs[-1]
+
+
+def test_cli_reads_key_from_env_only(server):
+    server.health_codes = [200]
+    args = [sys.executable, "-m", "components.probe", "--url", server.url, "--model", "m", "--timeout", "5",
+            "--interval", "0.01"]  # fmt: skip
+    ok = subprocess.run(args, cwd=ROOT, env={"DSPARK_API_KEY": KEY}, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert KEY not in ok.stdout + ok.stderr
+    missing = subprocess.run(args, cwd=ROOT, env={}, capture_output=True, text=True)
+    assert missing.returncode == 2 and "DSPARK_API_KEY is empty" in missing.stderr

@@ -1,0 +1,158 @@
+"""Every validation rule: the seed stacks pass it, and a broken config fails it naming field and fix."""
+
+import copy
+
+import pytest
+
+from components import rules
+from components.config import parse_cluster
+from harness import cluster_of
+
+
+def _set(path, value):
+    def mutate(raw):
+        node = raw
+        *parents, last = path
+        for p in parents:
+            node = node[p]
+        node[last] = value
+        return raw
+
+    return mutate
+
+
+def _two_nodes_sglang(raw):
+    raw["nodes"] = raw["nodes"][:2]
+    raw["serving"].update(tpSize=2, epSize=2, contextLength=131072, maxTotalTokens=131072)
+    return raw
+
+
+def _duplicate_host(raw):
+    raw["nodes"][1]["host"] = raw["nodes"][0]["host"]
+    return raw
+
+
+def _tp8(raw):
+    raw["nodes"] = [dict(raw["nodes"][0], name=f"spark{i}", host=f"10.0.0.{i}", fabricIp=f"10.0.0.{i}")
+                    for i in range(1, 9)]  # fmt: skip
+    raw["serving"].update(tpSize=8, epSize=8)
+    return raw
+
+
+# rule -> (base stack, mutation that must trip it, field the finding must name)
+FAILING = {
+    "engine-built": ("tp4", _set(["engine"], "vllm"), "engine"),
+    "node-count-equals-tp": ("tp4", _set(["serving", "tpSize"], 3), "serving.tpSize"),
+    "unique-nodes": ("tp4", _duplicate_host, "nodes[1].host"),
+    "fabric-ip-is-ipv4": ("tp4", _set(["nodes", 2, "fabricIp"], "spark3-cx7"), "nodes[2].fabricIp"),
+    "ep-divides-tp": ("tp4", _set(["serving", "epSize"], 3), "serving.epSize"),
+    "ports-distinct": ("tp4", _set(["serving", "distPort"], 8888), "serving.distPort"),
+    "no-ram-offload": ("tp4", _set(["serving", "offloadMode"], "ram"), "serving.offloadMode"),
+    "known-profile": ("tp4", _set(["model", "profile"], "llama"), "model.profile"),
+    "memory-plan-fits": ("tp4", _set(["serving", "maxTotalTokens"], 16000000), "serving.maxTotalTokens"),
+    "context-length-supported": ("tp3", _set(["serving", "contextLength"], 1048576), "serving.contextLength"),
+    "topology-fits-node-count": ("tp4", _set(["topology"], "direct"), "topology"),
+    "nfs-share-read-only": ("tp4", _set(["share"], {"exportOptions": "rw,sync"}), "share.exportOptions"),
+    "extra-args-not-managed": ("tp4", _set(["serving", "extraArgs"], ["--tp", "2"]), "serving.extraArgs[0]"),
+    "extra-env-not-managed": ("tp4", _set(["serving", "extraEnv"], {"NODE_RANK": "0"}), "serving.extraEnv.NODE_RANK"),
+    "tp3-padding-warning": ("tp3", lambda raw: raw, "serving.tpSize"),
+    "dev-image-warning": ("tp4", _set(["image"], "lmsysorg/sglang:dev-dsv41"), "image"),
+}
+PASSING_BASE = {"tp3-padding-warning": "tp4", "dev-image-warning": "tp4"}
+
+
+def _findings(raw, name):
+    cfg = parse_cluster(raw)
+    fn = dict(rules.RULES)[name]
+    return fn(cfg)
+
+
+def test_every_rule_has_a_failing_case():
+    assert set(FAILING) == {name for name, _ in rules.RULES}
+
+
+@pytest.mark.parametrize("name", sorted(FAILING))
+def test_rule_fails_naming_field_value_and_fix(name):
+    stack, mutate, field = FAILING[name]
+    found = _findings(mutate(cluster_of(stack)), name)
+    assert found, f"{name} did not fire"
+    assert any(f.field == field for f in found), [f.field for f in found]
+    for f in found:
+        text = str(f)
+        assert text.startswith(f"cluster.{f.field} = ") and "; fix: " in text
+        assert f.fix.strip()
+
+
+@pytest.mark.parametrize("name", sorted(FAILING))
+def test_rule_passes_on_a_good_config(name):
+    raw = cluster_of(PASSING_BASE.get(name, "tp4"))
+    if name == "dev-image-warning":
+        raw["image"] = "lmsysorg/sglang@sha256:" + "3" * 64
+    assert _findings(raw, name) == []
+
+
+@pytest.mark.parametrize("stack", ["tp3", "tp4"])
+def test_seed_stacks_have_no_errors(stack):
+    errors, _ = rules.check(parse_cluster(cluster_of(stack)))
+    assert errors == []
+
+
+def test_warnings_do_not_block():
+    errors, warnings = rules.check(parse_cluster(cluster_of("tp3")))
+    assert not errors
+    assert {w.rule for w in warnings} == {"tp3-padding-warning", "dev-image-warning"}
+
+
+def test_memory_fix_names_the_largest_kv_pin_that_fits():
+    raw = _set(["serving", "maxTotalTokens"], 16000000)(cluster_of("tp4"))
+    (finding,) = [f for f in _findings(raw, "memory-plan-fits") if f.field == "serving.maxTotalTokens"]
+    limit = int(finding.fix.split("at most ")[1].split(",")[0])
+    assert 8000000 < limit < 16000000  # the seed's 8M fits, 16M does not
+    ok = _set(["serving", "maxTotalTokens"], limit)(cluster_of("tp4"))
+    assert [f for f in _findings(ok, "memory-plan-fits") if f.field == "serving.maxTotalTokens"] == []
+
+
+def test_memory_outside_pool_says_what_to_lower():
+    raw = _set(["serving", "memFractionStatic"], 0.99)(cluster_of("tp3"))
+    found = [f for f in _findings(raw, "memory-plan-fits") if f.field == "serving.memFractionStatic"]
+    assert found and "lower serving.memFractionStatic to at most 0.9" in found[0].fix
+    assert "never raise" in found[0].fix
+
+
+def test_sglang_on_two_sparks_does_not_fit():
+    found = _findings(_two_nodes_sglang(cluster_of("tp4")), "memory-plan-fits")
+    assert found and "3+ Sparks" in found[0].fix
+
+
+def test_tp_without_published_figures_is_refused():
+    found = _findings(_tp8(cluster_of("tp4")), "memory-plan-fits")
+    assert found and "no published memory figures for TP=8" in found[0].problem
+
+
+def test_ram_offload_through_extra_env_is_refused_too():
+    raw = _set(["serving", "extraEnv"], {"OFFLOAD_MODE": "RAM"})(cluster_of("tp4"))
+    assert [f.field for f in _findings(raw, "no-ram-offload")] == ["serving.extraEnv.OFFLOAD_MODE"]
+
+
+def test_secret_in_extra_env_is_refused_without_echoing_it():
+    raw = _set(["serving", "extraEnv"], {"API_KEY": "hunter2"})(cluster_of("tp4"))
+    (f,) = _findings(raw, "extra-env-not-managed")
+    assert "hunter2" not in str(f)
+
+
+def test_ring_needs_four_nodes_and_direct_at_most_three():
+    assert _findings(_set(["topology"], "ring")(cluster_of("tp3")), "topology-fits-node-count")
+    assert not _findings(_set(["topology"], "ring")(cluster_of("tp4")), "topology-fits-node-count")
+    assert not _findings(_set(["topology"], "direct")(cluster_of("tp3")), "topology-fits-node-count")
+
+
+def test_context_longer_than_kv_pool_is_refused():
+    raw = _set(["serving", "maxTotalTokens"], 200000)(cluster_of("tp3"))
+    assert any("KV pool" in f.problem for f in _findings(raw, "context-length-supported"))
+
+
+def test_base_config_untouched_by_mutations():
+    before = cluster_of("tp4")
+    for stack, mutate, _ in FAILING.values():
+        mutate(copy.deepcopy(cluster_of(stack)))
+    assert cluster_of("tp4") == before
