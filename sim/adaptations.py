@@ -1,0 +1,49 @@
+"""Every place where the simulated cluster differs from real DGX Sparks, in one list.
+
+The e2e replay prints this list at the start of every run, so a green e2e run always states what
+it did *not* exercise. Keep it short, factual, and in sync with sim/ and Pulumi.sim.yaml.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Adaptation:
+    what: str
+    why: str
+    where: str
+
+
+ADAPTATIONS: list[Adaptation] = [
+    Adaptation("checkpoint shared as a local bind on every node (share.mode: local), not NFS",
+               "the test machine's kernel has no NFS client or server", "Pulumi.sim.yaml"),
+    Adaptation("rank containers' memlock ulimit clamped to the machine's hard limit (8 MiB here) instead of -1",
+               "the memlock hard limit cannot be raised on the test machine", "tests/e2e (replay)"),
+    Adaptation("engine is the sglang-sim TEST DOUBLE (image sglang-sim:test-double): same flags, rank "
+               "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model",
+               "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
+    Adaptation("tiny fake checkpoint (4 shards + a small engram table) and memory profile sim-test-double",
+               "no real checkpoint", "sim/, components/plan.py PROFILES"),
+    Adaptation("nvidia-smi, ethtool, ibdev2netdev and /dev/infiniband are stand-ins on each node; "
+               "--gpus all is accepted through a stand-in nvidia-container-runtime-hook",
+               "no GB10 GPU or ConnectX-7 in a container", "sim/assets/node"),
+    Adaptation("the engine image is loaded into each node's engine by the sim; RemoteImage never pulls",
+               "no registry is reachable", "sim/images.py"),
+    Adaptation("nodes run as root; fabric IP = management IP on one docker network (eth0)",
+               "one private docker network per simulated cluster", "sim/cluster.py"),
+]
+
+
+def memlock_hard_limit() -> int | None:
+    """The hard memlock limit of this machine, or None when unlimited."""
+    _, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def describe() -> str:
+    lines = ["simulated cluster adaptations (what the e2e run does not exercise):"]
+    lines += [f"  - {a.what} [{a.where}]: {a.why}" for a in ADAPTATIONS]
+    return "\n".join(lines)
