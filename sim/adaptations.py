@@ -6,7 +6,6 @@ it did *not* exercise. Keep it short, factual, and in sync with sim/ and Pulumi.
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass
 
 
@@ -20,8 +19,10 @@ class Adaptation:
 ADAPTATIONS: list[Adaptation] = [
     Adaptation("checkpoint shared as a local bind on every node (share.mode: local), not NFS",
                "the test machine's kernel has no NFS client or server", "Pulumi.sim.yaml"),
-    Adaptation("rank containers' memlock ulimit clamped to the machine's hard limit (8 MiB here) instead of -1",
-               "the memlock hard limit cannot be raised on the test machine", "tests/e2e (replay)"),
+    Adaptation("rank containers keep memlock=-1 and nofile=1048576 in their inputs, but each node's engine "
+               "runs them through the sim-runc runtime wrapper, which lowers every rlimit to the machine's hard "
+               "limit (memlock 8 MiB, nofile 20000 here)",
+               "rlimits cannot be raised on the test machine (no CAP_SYS_RESOURCE)", "sim/assets/node/sim-runc"),
     Adaptation("engine is the sglang-sim TEST DOUBLE (image sglang-sim:test-double): same flags, rank "
                "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
@@ -35,12 +36,6 @@ ADAPTATIONS: list[Adaptation] = [
     Adaptation("nodes run as root; fabric IP = management IP on one docker network (eth0)",
                "one private docker network per simulated cluster", "sim/cluster.py"),
 ]
-
-
-def memlock_hard_limit() -> int | None:
-    """The hard memlock limit of this machine, or None when unlimited."""
-    _, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return None if hard == resource.RLIM_INFINITY else hard
 
 
 def describe() -> str:

@@ -1,0 +1,9 @@
+"""dspark-sim: a simulated DGX Spark cluster (containers with sshd + their own docker engine).
+
+Library API (used by the CLI ``python -m sim`` and by pytest fixtures)::
+
+    from sim import cluster
+    info = cluster.create("sim", nodes=3)     # idempotent
+    cluster.status("sim"); cluster.stop_node("sim", "spark2"); cluster.start_node("sim", "spark2")
+    cluster.ssh_info("sim"); cluster.delete("sim")
+"""

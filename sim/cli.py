@@ -1,0 +1,71 @@
+"""``python -m sim``: thin CLI over :mod:`sim.cluster` and :mod:`sim.images`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sim", description="simulated DGX Spark cluster (dspark-sim)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build", help="build/cache the node and sglang-sim test-double images")
+    c = sub.add_parser("create", help="create the cluster (idempotent)")
+    c.add_argument("--name", default="sim")
+    c.add_argument("--nodes", type=int, default=3)
+    c.add_argument("--subnet", default=None, help="default 172.30.99.0/24")
+    c.add_argument("--retain", action="store_true", help="keep a half-created cluster for debugging")
+    for name, hlp in (("status", "per-node health"), ("delete", "remove nodes, volumes, network"),
+                      ("ssh-config", "print the ssh config block")):
+        s = sub.add_parser(name, help=hlp)
+        s.add_argument("--name", default="sim")
+        if name == "ssh-config":
+            s.add_argument("--json", action="store_true", help="machine-readable")
+            s.add_argument("--install", action="store_true",
+                           help="add an Include of the cluster's ssh_config to ~/.ssh/config")
+            s.add_argument("--uninstall", action="store_true", help="remove that Include line")
+        if name == "status":
+            s.add_argument("--json", action="store_true")
+    for name in ("stop-node", "start-node"):
+        s = sub.add_parser(name)
+        s.add_argument("node", help="spark<i>")
+        s.add_argument("--name", default="sim")
+    a = p.parse_args(argv)
+
+    from . import cluster, images
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        if a.cmd == "build":
+            print(json.dumps(images.build_all(log), indent=2))
+        elif a.cmd == "create":
+            info = cluster.create(a.name, a.nodes, subnet=a.subnet, log=log, retain=a.retain)
+            print(info.describe())
+        elif a.cmd == "status":
+            st = cluster.status(a.name)
+            if a.json:
+                print(json.dumps(st, indent=2))
+            else:
+                print(cluster.format_status(st))
+            return 0 if st["healthy"] else 1
+        elif a.cmd == "delete":
+            cluster.delete(a.name, log=log)
+        elif a.cmd == "stop-node":
+            cluster.stop_node(a.name, a.node, log=log)
+        elif a.cmd == "start-node":
+            cluster.start_node(a.name, a.node, log=log)
+        elif a.cmd == "ssh-config":
+            if a.install:
+                log(f"Include added to {cluster.install_ssh_include(a.name)}")
+            elif a.uninstall:
+                log(f"Include removed from {cluster.uninstall_ssh_include(a.name)}")
+            elif a.json:
+                print(json.dumps(cluster.ssh_info(a.name).to_json(), indent=2))
+            else:
+                print(cluster.ssh_info(a.name).ssh_config_text, end="")
+    except cluster.SimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,382 @@
+"""Build and cache the simulator images (no registry: debootstrap + ``docker import``).
+
+* rootfs tarballs: ``~/.cache/deepseek-spark-sim/rootfs/<kind>-<key>.tar`` where ``key`` hashes
+  the debootstrap recipe (suite, variant, packages, cleanup) -- debootstrap is the slow part;
+* base images ``dspark-sim-<kind>-base:<key>``: the tarball imported with ``docker import --change``;
+* final images: base + a small overlay layer (stand-ins, entrypoint, test-double code) committed
+  as ``dspark-sim-node:<hash>`` and ``sglang-sim:td-<hash>`` (also tagged ``sglang-sim:test-double``),
+  where ``hash`` covers the rootfs key and every overlay byte, so a rebuild happens only when an
+  input changes.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import backend
+from .testdouble import engram
+
+SIM_VERSION = "1"
+SUITE = "bookworm"
+ASSETS = Path(__file__).parent / "assets"
+TESTDOUBLE = Path(__file__).parent / "testdouble"
+ENGINE_IMAGE = "sglang-sim:test-double"
+RECIPE_VERSION = "3"  # bump when build_rootfs's commands change
+FIXED_MTIME = 1735689600  # 2025-01-01T00:00:00Z: deterministic tars
+CLEANUP = [
+    "usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
+    "var/lib/apt/lists", "var/cache/apt", "var/cache/debconf/templates.dat-old", "var/log",
+    "etc/ssh/ssh_host_*", "etc/machine-id", "var/lib/dbus/machine-id",
+]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deepseek-spark-sim"
+
+
+# ------------------------------------------------------------------ mirror discovery (pure) ----
+def mirror_from_sources(deb822_texts: list[str], list_text: str = "", suite: str = SUITE) -> str | None:
+    """The Debian mirror URI serving ``suite`` (not -security/-updates) from apt sources text.
+
+    ``deb822_texts``: contents of ``/etc/apt/sources.list.d/*.sources``; ``list_text``: the
+    one-line ``/etc/apt/sources.list`` format. deb822 stanzas win over one-line entries.
+    """
+    for text in deb822_texts:
+        for stanza in re.split(r"\n\s*\n", text):
+            fields: dict[str, str] = {}
+            key = None
+            for line in stanza.splitlines():
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                if line[0] in " \t" and key:
+                    fields[key] += " " + line.strip()
+                    continue
+                if ":" in line:
+                    key, _, val = line.partition(":")
+                    key = key.strip().lower()
+                    fields[key] = val.strip()
+            if fields.get("enabled", "yes").lower() == "no":
+                continue
+            if "deb" not in fields.get("types", "").split():
+                continue
+            if suite not in fields.get("suites", "").split():
+                continue
+            uris = fields.get("uris", "").split()
+            if uris:
+                return uris[0].rstrip("/")
+    for line in list_text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line.startswith("deb "):
+            continue
+        line = re.sub(r"\[[^\]]*\]", " ", line[4:])
+        parts = line.split()
+        if len(parts) >= 2 and parts[1] == suite:
+            return parts[0].rstrip("/")
+    return None
+
+
+def discover_mirror(suite: str = SUITE) -> str:
+    env = os.environ.get("DSPARK_SIM_MIRROR")
+    if env:
+        return env.rstrip("/")
+    d = Path("/etc/apt/sources.list.d")
+    texts = [p.read_text() for p in sorted(d.glob("*.sources"))] if d.is_dir() else []
+    lst = Path("/etc/apt/sources.list")
+    list_text = lst.read_text() if lst.exists() else ""
+    for p in sorted(d.glob("*.list")) if d.is_dir() else []:
+        list_text += "\n" + p.read_text()
+    uri = mirror_from_sources(texts, list_text, suite)
+    if not uri:
+        raise RuntimeError(f"no apt source for suite {suite!r} in /etc/apt/sources.list(.d); "
+                           "set DSPARK_SIM_MIRROR")
+    return uri
+
+
+# ------------------------------------------------------------------ recipes and keys (pure) ----
+@dataclass(frozen=True)
+class RootfsSpec:
+    kind: str
+    packages: tuple[str, ...]
+    suite: str = SUITE
+    variant: str = "minbase"
+
+    def key(self) -> str:
+        doc = {"kind": self.kind, "packages": sorted(self.packages), "suite": self.suite,
+               "variant": self.variant, "cleanup": CLEANUP, "recipe": RECIPE_VERSION}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+NODE_ROOTFS = RootfsSpec("node", ("openssh-server", "docker.io", "python3", "iproute2", "procps",
+                                  "sudo", "ca-certificates"))
+ENGINE_ROOTFS = RootfsSpec("engine", ("python3",))
+
+
+@dataclass
+class Overlay:
+    """Files added on top of a rootfs: path -> (bytes, mode); plus image config changes."""
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    changes: list[str] = field(default_factory=list)
+
+    def add(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self.files[path.lstrip("/")] = (data, mode)
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for p in sorted(self.files):
+            data, mode = self.files[p]
+            h.update(f"{p}\0{mode:o}\0{len(data)}\0".encode())
+            h.update(data)
+        h.update(json.dumps(self.changes).encode())
+        return h.hexdigest()
+
+    def tar_bytes(self) -> bytes:
+        return files_tar(self.files)
+
+
+def files_tar(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """A deterministic tar (root-owned, fixed mtime) with parent directories included."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        dirs: set[str] = set()
+        for p in sorted(files):
+            parts = p.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    ti = tarfile.TarInfo(d)
+                    ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, FIXED_MTIME
+                    tf.addfile(ti)
+            data, mode = files[p]
+            ti = tarfile.TarInfo(p)
+            ti.size, ti.mode, ti.mtime = len(data), mode, FIXED_MTIME
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def node_overlay(rootfs_key: str) -> Overlay:
+    ov = Overlay()
+    a = ASSETS / "node"
+    ov.add("usr/local/sbin/sim-entrypoint", (a / "sim-entrypoint").read_bytes(), 0o755)
+    ov.add("usr/local/sbin/sim-runc", (a / "sim-runc").read_bytes(), 0o755)
+    for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "nvidia-container-runtime-hook"):
+        ov.add(f"usr/local/bin/{name}", (a / name).read_bytes(), 0o755)
+    ov.add("etc/ssh/sshd_config.d/10-dspark-sim.conf", (a / "sshd-sim.conf").read_bytes())
+    ov.add("etc/motd", b"dspark-sim: SIMULATED DGX Spark node (container). Nothing here is real hardware.\n")
+    ov.changes = [
+        "ENV container=docker",
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        'ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/sbin/sim-entrypoint"]',
+        "CMD []",
+        "LABEL deepseek-spark.sim.image=node",
+    ]
+    ov.add("etc/dspark-sim-version", f"dspark-sim node image v{SIM_VERSION} rootfs {rootfs_key}\n".encode())
+    return ov
+
+
+def engine_overlay(rootfs_key: str) -> Overlay:
+    ov = Overlay()
+    pkg = "usr/lib/python3/dist-packages"
+    for name in ("__init__.py", "flags.py", "server.py", "engram.py", "launch_server.py"):
+        ov.add(f"{pkg}/dspark_testdouble/{name}", (TESTDOUBLE / name).read_bytes())
+    ov.add(f"{pkg}/sglang/__init__.py",
+           b'"""TEST DOUBLE: sglang-sim (dspark-sim). This is NOT SGLang."""\n__version__ = "0.0.0+test-double"\n')
+    ov.add(f"{pkg}/sglang/launch_server.py",
+           b'"""TEST DOUBLE of sglang.launch_server (dspark-sim); see dspark_testdouble.server."""\n'
+           b"import sys\n\nfrom dspark_testdouble.server import main\n\n"
+           b'if __name__ == "__main__":\n    sys.exit(main(engine="sglang"))\n')
+    ov.add("opt/dsv41/scripts/pack_engram.py",
+           b"#!/usr/bin/python3\n# TEST DOUBLE engram packer (dspark-sim); see dspark_testdouble.engram.\n"
+           b"import sys\n\nfrom dspark_testdouble.engram import main\n\n"
+           b'if __name__ == "__main__":\n    sys.exit(main())\n', 0o755)
+    ov.add("etc/dspark-sim-version",
+           f"sglang-sim test-double image v{SIM_VERSION} rootfs {rootfs_key}\n".encode())
+    ov.changes = [
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV PYTHONUNBUFFERED=1",
+        'CMD ["/bin/sh"]',
+        "LABEL deepseek-spark.sim.image=sglang-sim deepseek-spark.sim.test-double=true",
+    ]
+    return ov
+
+
+def image_tag(repo: str, rootfs: RootfsSpec, overlay: Overlay) -> str:
+    h = hashlib.sha256(f"{rootfs.key()}\0{overlay.digest()}\0{SIM_VERSION}".encode()).hexdigest()[:16]
+    return f"{repo}:{h}"
+
+
+def node_image_tag() -> str:
+    return image_tag("dspark-sim-node", NODE_ROOTFS, node_overlay(NODE_ROOTFS.key()))
+
+
+def engine_image_tag() -> str:
+    return image_tag("sglang-sim", ENGINE_ROOTFS, engine_overlay(ENGINE_ROOTFS.key())).replace(":", ":td-")
+
+
+def checkpoint_tar() -> bytes:
+    """The fake checkpoint under /srv/models/DS4.1 (+ empty /srv/engram), as a tar for docker cp."""
+    files = {f"srv/models/DS4.1/{k}": (v, 0o644) for k, v in engram.checkpoint_files().items()}
+    files["srv/engram/.keep"] = (b"", 0o644)
+    return files_tar(files)
+
+
+# ------------------------------------------------------------------ builds (side effects) ----
+def rootfs_path(spec: RootfsSpec) -> Path:
+    return cache_dir() / "rootfs" / f"{spec.kind}-{spec.key()}.tar"
+
+
+def build_rootfs(spec: RootfsSpec, log=print) -> Path:
+    out = rootfs_path(spec)
+    if out.exists():
+        log(f"rootfs {spec.kind}: cached {out.name}")
+        return out
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap is not installed (run .ci/sim-setup)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mirror = discover_mirror(spec.suite)
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f"{spec.kind}-", dir=out.parent))
+    root = work / "root"
+    try:
+        cmd = ["debootstrap", f"--variant={spec.variant}", f"--include={','.join(spec.packages)}",
+               spec.suite, str(root), mirror]
+        log(f"rootfs {spec.kind}: debootstrap {spec.suite} from {mirror} ({len(spec.packages)} packages)")
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"debootstrap failed ({r.returncode}):\n" + "\n".join(r.stdout.splitlines()[-30:]))
+        for pattern in CLEANUP:
+            for p in root.glob(pattern):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                    p.mkdir()
+                else:
+                    p.unlink()
+        (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tar.partial")
+        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."], check=True)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(f"rootfs {spec.kind}: built {out.name} in {time.monotonic() - t0:.0f}s "
+        f"({out.stat().st_size // 2**20} MiB)")
+    return out
+
+
+def ensure_base(spec: RootfsSpec, log=print) -> str:
+    tag = f"dspark-sim-{spec.kind}-base:{spec.key()}"
+    if backend.image_id(tag):
+        return tag
+    tar = build_rootfs(spec, log)
+    t0 = time.monotonic()
+    backend.docker("import", "--change", "LABEL deepseek-spark.sim.base=" + spec.kind, str(tar), tag)
+    log(f"image {tag}: imported in {time.monotonic() - t0:.0f}s")
+    return tag
+
+
+def commit_overlay(base: str, overlay: Overlay, tags: list[str]) -> None:
+    name = f"dspark-sim-build-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    backend.docker("create", "--name", name, base, "/bin/true")
+    try:
+        backend.docker("cp", "-", f"{name}:/", input=overlay.tar_bytes())
+        args = ["commit"]
+        for c in overlay.changes:
+            args += ["--change", c]
+        backend.docker(*args, name, tags[0])
+        for t in tags[1:]:
+            backend.docker("tag", tags[0], t)
+    finally:
+        backend.docker("rm", "-f", name, check=False)
+
+
+def ensure_node_image(log=print) -> str:
+    tag = node_image_tag()
+    if backend.image_id(tag):
+        log(f"image {tag}: cached")
+        return tag
+    base = ensure_base(NODE_ROOTFS, log)
+    commit_overlay(base, node_overlay(NODE_ROOTFS.key()), [tag])
+    log(f"image {tag}: built")
+    return tag
+
+
+def ensure_engine_image(log=print) -> str:
+    tag = engine_image_tag()
+    if not backend.image_id(tag):
+        base = ensure_base(ENGINE_ROOTFS, log)
+        commit_overlay(base, engine_overlay(ENGINE_ROOTFS.key()), [tag, ENGINE_IMAGE])
+        log(f"image {tag} ({ENGINE_IMAGE}): built")
+    else:
+        if backend.image_id(ENGINE_IMAGE) != backend.image_id(tag):
+            backend.docker("tag", tag, ENGINE_IMAGE)
+        log(f"image {tag} ({ENGINE_IMAGE}): cached")
+    return ENGINE_IMAGE
+
+
+def engine_image_tar(log=print) -> Path:
+    """``docker save`` of the engine image, cached by image ID."""
+    iid = backend.image_id(ENGINE_IMAGE)
+    if not iid:
+        raise RuntimeError(f"{ENGINE_IMAGE} missing; run `python -m sim build`")
+    out = cache_dir() / "images" / f"sglang-sim-{iid.split(':')[-1][:16]}.tar"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".partial")
+        backend.docker("save", "-o", str(tmp), ENGINE_IMAGE)
+        os.replace(tmp, out)
+        log(f"saved {ENGINE_IMAGE} to {out}")
+    return out
+
+
+def build_all(log=print) -> dict:
+    """Build (or find cached) both images; debootstraps run in parallel when both are cold."""
+    from concurrent.futures import ThreadPoolExecutor
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(2) as ex:
+        futs = [ex.submit(build_rootfs, s, log) for s in (NODE_ROOTFS, ENGINE_ROOTFS)
+                if not backend.image_id(f"dspark-sim-{s.kind}-base:{s.key()}")]
+        for f in futs:
+            f.result()
+    node = ensure_node_image(log)
+    engine = ensure_engine_image(log)
+    engine_image_tar(log)
+    prune_stale(log)
+    return {"node_image": node, "engine_image": engine, "engine_image_id": backend.image_id(engine),
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
+def prune_stale(log=print) -> list[str]:
+    """Drop sim image tags and cached tarballs of older inputs (images in use are kept)."""
+    keep = {node_image_tag(), engine_image_tag(), ENGINE_IMAGE,
+            f"dspark-sim-node-base:{NODE_ROOTFS.key()}", f"dspark-sim-engine-base:{ENGINE_ROOTFS.key()}"}
+    r = backend.docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False)
+    removed = []
+    for ref in r.stdout.split():
+        repo, _, tag = ref.partition(":")
+        ours = repo in ("dspark-sim-node", "dspark-sim-node-base", "dspark-sim-engine-base") or \
+            (repo == "sglang-sim" and tag.startswith("td-"))
+        if ours and ref not in keep and backend.docker("rmi", ref, check=False).returncode == 0:
+            removed.append(ref)
+    keep_files = {rootfs_path(NODE_ROOTFS).name, rootfs_path(ENGINE_ROOTFS).name}
+    iid = backend.image_id(ENGINE_IMAGE)
+    if iid:
+        keep_files.add(f"sglang-sim-{iid.split(':')[-1][:16]}.tar")
+    for sub in ("rootfs", "images"):
+        d = cache_dir() / sub
+        for p in d.glob("*.tar") if d.is_dir() else []:
+            if p.name not in keep_files:
+                p.unlink()
+                removed.append(str(p))
+    if removed:
+        log("pruned stale: " + ", ".join(removed))
+    return removed
