@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-TIMINGS: dict[str, float] = {}
+from e2e.timings import TIMINGS
 
 
 def engine_available() -> bool:

@@ -74,18 +74,6 @@ class Step:
     detail: str = ""
 
 
-@dataclass
-class Adaptations:
-    """Where the simulated machine cannot do what a Spark does (see sim/adaptations.py)."""
-
-    memlock_limit: int | None = None  # clamp `memlock` ulimits to this hard limit
-
-    def ulimit(self, name: str, soft: int, hard: int) -> tuple[int, int]:
-        if name == "memlock" and self.memlock_limit is not None:
-            return (self.memlock_limit, self.memlock_limit)
-        return (soft, hard)
-
-
 def _encode(value: Any) -> Any:
     if isinstance(value, Secret):
         return {"$secret": _encode(value.value)}
@@ -109,7 +97,6 @@ def _decode(value: Any) -> Any:
 @dataclass
 class Replay:
     state_file: Path
-    adaptations: Adaptations = field(default_factory=Adaptations)
     node_names: dict[str, str] = field(default_factory=dict)  # host -> node name, for messages
     cwd: Path = Path(".")
     log: Callable[[str], None] = print
@@ -341,8 +328,7 @@ class Replay:
     def _run_container(self, client: docker.DockerClient, i: dict) -> None:
         ulimits = []
         for u in i.get("ulimits", []):
-            soft, hard = self.adaptations.ulimit(u["name"], u["soft"], u["hard"])
-            ulimits.append(Ulimit(name=u["name"], soft=soft, hard=hard))
+            ulimits.append(Ulimit(name=u["name"], soft=u["soft"], hard=u["hard"]))
         device_requests = []
         if i.get("gpus"):
             count = -1 if i["gpus"] == "all" else int(i["gpus"])

@@ -11,8 +11,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from e2e.conftest import TIMINGS, require_engine
-from e2e.replay import CONTAINER, Adaptations, Replay, ReplayError
+from e2e.conftest import require_engine
+from e2e.timings import TIMINGS
+from e2e.replay import CONTAINER, Replay, ReplayError
 from harness import ROOT, Secret, cluster_of, run_program
 from sim import adaptations as sim_adaptations
 from sim import cluster as sim_cluster
@@ -66,7 +67,6 @@ def replay(sim, tmp_path_factory):
     print(sim_adaptations.describe())
     return Replay(
         state_file=tmp_path_factory.mktemp("replay") / "state.json",
-        adaptations=Adaptations(memlock_limit=sim_adaptations.memlock_hard_limit()),
         node_names={n["host"]: n["name"] for n in cluster_of("sim")["nodes"]},
         cwd=ROOT,
     )
@@ -75,7 +75,7 @@ def replay(sim, tmp_path_factory):
 def program(sim, **serving):
     raw = cluster_of("sim")
     raw["serving"].update(serving)
-    key = Path(sim.key_path).expanduser().read_text()
+    key = Path(sim.private_key).expanduser().read_text()
     return run_program("sim", cluster=raw, ssh_key=key)
 
 
@@ -106,8 +106,8 @@ def first(sim, replay):
 
 def test_stack_file_points_at_the_sim_key(sim):
     ssh = cluster_of("sim")["ssh"]
-    assert Path(ssh["identityFile"]).expanduser() == Path(sim.key_path).expanduser()
-    assert Path(ssh["knownHostsFile"]).expanduser() == Path(sim.known_hosts).expanduser()
+    assert Path(ssh["identityFile"]).expanduser() == Path(sim.private_key).expanduser()
+    assert Path(ssh["knownHostsFile"]).expanduser() == Path(sim.known_hosts)
 
 
 def test_first_replay_creates_everything_and_answers(first):
