@@ -267,6 +267,9 @@ def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE": "0",
         "HOST_IP": node.fabric_ip,
+        # Which checkpoint the ranks were started on: a new revision re-packs the engram shards,
+        # so it must also restart the whole group (it is part of the group revision).
+        "DSPARK_CHECKPOINT_REVISION": cfg.model.revision,
         "NODE_RANK": str(rank),
         "NNODES": str(len(cfg.nodes)),
         "TP_SIZE": str(s.tp_size),

@@ -1,0 +1,270 @@
+"""What a pull request's `pulumi preview --diff` will show, decided at mock level, so reviewers can
+trust the PR comment: a serving change replaces exactly the rank containers (and re-runs the
+readiness probe), changes nothing else, and the diff never shows a secret.
+
+The program is run twice under mocks (baseline stack file, then the changed config) and the
+registered inputs are compared with a small model of what the providers do with a changed input:
+
+- docker Container and Volume: every input is ForceNew in the docker provider, so any change is a
+  replacement. (This over-approximates a few updatable container fields; for the "nothing but the
+  ranks is replaced" claims an over-approximation is the safe side.)
+- docker RemoteImage: a new `name` replaces it; other changes update it in place.
+- command Command (remote and local): only `triggers` force a replacement; any other change is an
+  in-place update, which runs `update` or, when unset, `create` again.
+- docker provider: configuration changes update the provider in place (none force a replacement).
+- `replace_with=[X]` (engine option): replacing X replaces the resource too.
+
+The engine also replaces a dependent of a delete-before-replace resource when one of the dependent's
+*inputs* comes from it (property dependencies). No resource here takes an input from a rank
+container or a shard (ranks are ordered with `depends_on` only), so the model needs no rule for it.
+A resource type without a rule fails the test, so the model is extended when the program grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from harness import TEST_API_KEY, TEST_SSH_KEY, Recording, Registered, Secret, cluster_of, reveal, run_program
+
+CONTAINER = "docker:index/container:Container"
+VOLUME = "docker:index/volume:Volume"
+IMAGE = "docker:index/remoteImage:RemoteImage"
+REMOTE = "command:remote:Command"
+LOCAL = "command:local:Command"
+PROVIDER = "pulumi:providers:docker"
+REVISION_LABEL = "deepseek-spark.group-revision"
+
+
+@dataclass
+class Step:
+    op: str  # "same", "update", "replace", "create", "delete"
+    resource: Registered
+    before: Registered | None = None
+    changed: list[str] = field(default_factory=list)  # top-level input keys that differ
+    why: str = ""
+
+
+def _op_for(r: Registered, changed: list[str]) -> tuple[str, str]:
+    if not changed:
+        return "same", ""
+    if r.type in (CONTAINER, VOLUME):
+        return "replace", f"{', '.join(changed)} changed (all inputs force a new {r.type.rsplit(':', 1)[-1]})"
+    if r.type in (REMOTE, LOCAL):
+        if "triggers" in changed:
+            return "replace", "triggers changed"
+        return "update", f"{', '.join(changed)} changed (in place: create runs again)"
+    if r.type == IMAGE:
+        return ("replace", "name changed") if "name" in changed else ("update", f"{', '.join(changed)} changed")
+    if r.type == PROVIDER:
+        return "update", f"{', '.join(changed)} changed (provider config, in place)"
+    raise AssertionError(f"the preview model has no rule for {r.type}: add one before trusting the diff")
+
+
+def plan_steps(before: Recording, after: Recording) -> dict[str, Step]:
+    """URN -> what `pulumi preview` would do with that resource when going from `before` to `after`."""
+    old = {r.urn: r for r in before.resources if r.custom}
+    new = {r.urn: r for r in after.resources if r.custom}
+    steps: dict[str, Step] = {}
+    for urn, r in new.items():
+        if urn not in old:
+            steps[urn] = Step("create", r)
+            continue
+        changed = sorted(k for k in set(r.inputs) | set(old[urn].inputs) if r.inputs.get(k) != old[urn].inputs.get(k))
+        op, why = _op_for(r, changed)
+        steps[urn] = Step(op, r, old[urn], changed, why)
+    for urn, r in old.items():
+        if urn not in new:
+            steps[urn] = Step("delete", r, r)
+    grew = True
+    while grew:  # replace_with and replaced providers propagate replacements
+        grew = False
+        for step in steps.values():
+            if step.op in ("replace", "create", "delete"):
+                continue
+            r = step.resource
+            causes = [u for u in r.replace_with if steps.get(u) and steps[u].op == "replace"]
+            if r.provider_urn and steps.get(r.provider_urn) and steps[r.provider_urn].op == "replace":
+                causes.append(r.provider_urn)
+            if causes:
+                step.op, grew = "replace", True
+                step.why = "replace_with: " + ", ".join(steps[u].resource.name for u in causes)
+    return steps
+
+
+def _flat(value: Any, path: str = "") -> dict[str, str]:
+    """Input tree -> {path: shown value}; a secret shows as [secret], as `pulumi preview` shows it."""
+    if isinstance(value, Secret):
+        return {path: "[secret]"}
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{path}.{k}" if path else k))
+        return out or {path: "{}"}
+    if isinstance(value, list):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_flat(v, f"{path}[{i}]"))
+        return out or {path: "[]"}
+    return {path: repr(value)}
+
+
+def node_of(r: Registered, rec: Recording) -> str:
+    hosts = {n["host"]: n["name"] for n in rec.outputs["nodes"]}
+    if r.provider_urn:
+        return rec.by_urn(r.provider_urn).name.split("-")[1]
+    conn = reveal(r.inputs.get("connection"))
+    if isinstance(conn, dict):
+        return hosts.get(conn.get("host"), "?")
+    if r.type == PROVIDER:
+        return r.name.split("-")[1]
+    return "local"
+
+
+def render(steps: dict[str, Step], after: Recording) -> str:
+    """A `preview --diff`-like text: every changed resource, its node, why, and all its inputs
+    (changed ones as old => new). Everything a reviewer reads in the PR comment, and more."""
+    symbol = {"replace": "+-", "update": "~", "create": "+", "delete": "-"}
+    lines = []
+    for step in steps.values():
+        if step.op == "same":
+            continue
+        r = step.resource
+        lines.append(f"{symbol[step.op]} {r.type} {r.name} [node {node_of(r, after)}] {step.op}: {step.why}")
+        new = _flat(r.inputs)
+        old = _flat(step.before.inputs) if step.before else {}
+        for path in sorted(set(new) | set(old)):
+            if old.get(path) == new.get(path):
+                lines.append(f"      {path}: {new[path]}")
+            else:
+                lines.append(f"    ~ {path}: {old.get(path, '<none>')} => {new.get(path, '<none>')}")
+    return "\n".join(lines)
+
+
+def by_op(steps: dict[str, Step], op: str) -> set[str]:
+    return {s.resource.name for s in steps.values() if s.op == op}
+
+
+def _label(r: Registered, key: str) -> str:
+    return next(label["value"] for label in r.inputs["labels"] if label["label"] == key)
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+@pytest.fixture(scope="module")
+def baseline() -> Recording:
+    return run_program("tp4")
+
+
+def test_an_unchanged_config_previews_no_changes(baseline):
+    again = run_program("tp4")
+    steps = plan_steps(baseline, again)
+    assert {s.op for s in steps.values()} == {"same"}
+    # 4 x (docker provider, preflight, image, volume, engram shard, rank) + export, api key file, readiness
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 6 + 3
+
+
+def test_the_model_catches_a_forced_replacement():
+    """Guard against a vacuous model: a changed volume input is a replacement of exactly that volume."""
+    before, after = run_program("tp4"), run_program("tp4")
+    vol = after.named("tp4-checkpoint-spark3")
+    vol.inputs = dict(vol.inputs, driverOpts={**vol.inputs["driverOpts"], "o": "addr=10.0.0.9"})
+    steps = plan_steps(before, after)
+    assert by_op(steps, "replace") == {"tp4-checkpoint-spark3"}
+    cmd = after.named("tp4-spark2-preflight")
+    cmd.inputs = dict(cmd.inputs, create="true\n")
+    assert by_op(plan_steps(before, after), "update") == {"tp4-spark2-preflight"}
+
+
+SERVING_CHANGES = {
+    "maxRunningRequests": lambda c: c["serving"].update(maxRunningRequests=16),
+    "extraEnv": lambda c: c["serving"]["extraEnv"].update(TORCH_NCCL_ASYNC_ERROR_HANDLING="1"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(SERVING_CHANGES))
+def test_a_serving_change_replaces_exactly_the_rank_containers(baseline, change):
+    cluster = cluster_of("tp4")
+    SERVING_CHANGES[change](cluster)
+    after = run_program("tp4", cluster=cluster)
+    steps = plan_steps(baseline, after)
+    old_rev, new_rev = baseline.outputs["group_revision"], after.outputs["group_revision"]
+    assert old_rev != new_rev
+
+    ranks = {f"tp4-sglang-rank{i}" for i in range(4)}
+    # The readiness probe is a local command whose only trigger is the group revision: a new revision
+    # replaces it, i.e. `up` probes the endpoint again once the new group is up. It touches no node.
+    assert by_op(steps, "replace") == ranks | {"tp4-readiness-check"}
+    readiness = next(s for s in steps.values() if s.resource.name == "tp4-readiness-check")
+    assert readiness.changed == ["triggers"] and readiness.resource.inputs["triggers"] == [new_rev]
+    assert readiness.before.inputs["triggers"] == [old_rev]
+    assert by_op(steps, "update") == set() and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
+
+    for step in steps.values():
+        if step.resource.name in ranks:
+            # why: every rank carries the new group revision, and the ranks go delete-before-replace
+            assert _label(step.before, REVISION_LABEL) == old_rev and _label(step.resource, REVISION_LABEL) == new_rev
+            assert "labels" in step.changed and step.resource.delete_before_replace
+        elif step.resource.type in (VOLUME, IMAGE) or "engram" in step.resource.name or "export" in step.resource.name:
+            assert step.op == "same", step.resource.name
+
+    text = render(steps, after)
+    nodes = {node_of(s.resource, after) for s in steps.values() if s.op != "same"}
+    assert nodes == {"spark1", "spark2", "spark3", "spark4", "local"}
+    for i in range(4):
+        assert f"tp4-sglang-rank{i} [node spark{i + 1}] replace" in text
+    assert f"{old_rev!r} => {new_rev!r}" in text  # the label that says why
+    assert "[secret]" in text  # the probe's key is in the rendered inputs, masked
+    assert TEST_API_KEY not in text and TEST_SSH_KEY not in text
+    assert TEST_API_KEY[3:19] not in text
+
+
+def test_a_rank_shown_with_a_plain_key_would_leak_into_the_diff(baseline):
+    """The no-secret assertion can fail: a key put in plain text into a rank's env shows up."""
+    cluster = cluster_of("tp4")
+    cluster["serving"]["maxRunningRequests"] = 12
+    after = run_program("tp4", cluster=cluster)
+    rank0 = after.named("tp4-sglang-rank0")
+    rank0.inputs = dict(rank0.inputs, envs=[*rank0.inputs["envs"], f"LEAK={TEST_API_KEY}"])
+    assert TEST_API_KEY in render(plan_steps(baseline, after), after)
+
+
+def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group(baseline):
+    cluster = cluster_of("tp4")
+    cluster["nodes"][3]["fabricIp"] = "10.0.0.14"
+    after = run_program("tp4", cluster=cluster)
+    steps = plan_steps(baseline, after)
+    assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | {"tp4-readiness-check"}
+    assert by_op(steps, "update") == {"tp4-checkpoint-export"}  # create changed, triggers did not
+    export = next(s for s in steps.values() if s.resource.name == "tp4-checkpoint-export")
+    assert export.changed == ["create"] and "10.0.0.14(ro," in export.resource.inputs["create"]
+    assert not any(s.op != "same" for s in steps.values() if s.resource.type in (VOLUME, IMAGE))
+
+
+def test_a_checkpoint_revision_change_repacks_every_engram_shard_and_nothing_else_on_disk(baseline):
+    cluster = cluster_of("tp4")
+    cluster["model"]["revision"] = "0123456789abcdef0123456789abcdef01234567"
+    after = run_program("tp4", cluster=cluster)
+    steps = plan_steps(baseline, after)
+    shards = {f"tp4-engram-spark{i}" for i in range(1, 5)}
+    assert shards <= by_op(steps, "replace")
+    for step in steps.values():
+        if step.resource.name in shards:
+            assert step.changed == ["create", "triggers"], step.changed  # the revision is both
+            assert step.resource.inputs["triggers"][0] == cluster["model"]["revision"]
+            assert step.resource.delete_before_replace and step.resource.retain_on_delete
+        elif step.resource.type in (VOLUME, IMAGE, PROVIDER) or step.resource.name.endswith(("-export", "-api-key")):
+            assert step.op == "same", step.resource.name
+    assert TEST_API_KEY not in render(steps, after)
+
+
+def test_a_checkpoint_revision_change_replaces_the_group_too(baseline):
+    cluster = cluster_of("tp4")
+    cluster["model"]["revision"] = "0123456789abcdef0123456789abcdef01234567"
+    after = run_program("tp4", cluster=cluster)
+    steps = plan_steps(baseline, after)
+    assert after.outputs["group_revision"] != baseline.outputs["group_revision"]
+    assert {f"tp4-sglang-rank{i}" for i in range(4)} | {"tp4-readiness-check"} <= by_op(steps, "replace")
