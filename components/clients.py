@@ -1,0 +1,263 @@
+"""Client configs from a stack's outputs: an OpenAI SDK env file, a LiteLLM proxy config, a curl example.
+
+    python -m components.clients --stack tp4 --format openai-env --out tp4.env
+    python -m components.clients --outputs-file saved.json --format litellm --out litellm.yaml
+    python -m components.clients --stack tp4 --format curl
+
+Outputs come from `pulumi stack output --json --show-secrets --stack X` (when the CLI is on PATH)
+or from a file saved with that command. Rendering is pure (`render`); files are written 0600 from
+the moment they exist (a temp file made 0600, then renamed over the target), since they hold the
+API key. Runs without the Pulumi SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+FORMATS = ("openai-env", "litellm", "curl")
+SECRET_PLACEHOLDER = "[secret]"  # what `pulumi stack output --json` prints without --show-secrets
+PROMPT = "What is 19 + 23?"
+
+
+class ClientConfigError(Exception):
+    """The outputs cannot produce a working client config; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Client:
+    base_url: str  # ends in /v1
+    api_key: str
+    model: str
+    stack: str = ""
+
+    @property
+    def chat_completions_url(self) -> str:
+        return self.base_url.rstrip("/") + "/chat/completions"
+
+
+# ------------------------------------------------------------------------------------------ outputs
+
+
+def client_from_outputs(outputs: Mapping[str, Any], stack: str = "") -> Client:
+    """Stack outputs -> Client. Prefers `client_config`; falls back to endpoint/model/api_key."""
+    cc = outputs.get("client_config")
+    if isinstance(cc, Mapping):
+        base_url, api_key, model = cc.get("base_url"), cc.get("api_key"), cc.get("model")
+    else:
+        base_url, api_key, model = outputs.get("endpoint"), outputs.get("api_key"), outputs.get("model")
+    missing = [n for n, v in (("base_url/endpoint", base_url), ("model", model)) if not isinstance(v, str) or not v]
+    if missing:
+        raise ClientConfigError(
+            f"the stack outputs have no {', '.join(missing)}; run `pulumi up` first (outputs: {sorted(outputs)})"
+        )
+    if api_key == SECRET_PLACEHOLDER:
+        raise ClientConfigError(
+            "the API key is shown as [secret]: save the outputs with "
+            "`pulumi stack output --json --show-secrets --stack <stack>`"
+        )
+    if not isinstance(api_key, str) or not api_key.strip():
+        raise ClientConfigError("the stack outputs have no api_key; the endpoint requires one")
+    if not re.match(r"^https?://[^/\s]+(/\S*)?$", base_url):
+        raise ClientConfigError(f"endpoint {base_url!r} is not an http(s) URL")
+    return Client(base_url=base_url.rstrip("/"), api_key=api_key, model=model, stack=stack)
+
+
+def read_outputs(stack: Optional[str], outputs_file: Optional[str], pulumi: Optional[str] = None) -> dict:
+    """Outputs from a saved JSON file ("-" for stdin), or from the Pulumi CLI."""
+    if outputs_file:
+        text = sys.stdin.read() if outputs_file == "-" else Path(outputs_file).read_text()
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ClientConfigError(
+                f"{outputs_file} is not JSON ({exc}); save it with `pulumi stack output --json --show-secrets`"
+            ) from None
+        if not isinstance(data, dict):
+            raise ClientConfigError(f"{outputs_file} holds {type(data).__name__}, expected the outputs object")
+        return data
+    if not stack:
+        raise ClientConfigError("give --stack (read with the Pulumi CLI) or --outputs-file")
+    exe = pulumi or shutil.which("pulumi")
+    if not exe:
+        raise ClientConfigError(
+            "the Pulumi CLI is not on PATH: save the outputs where it is with "
+            f"`pulumi stack output --json --show-secrets --stack {stack} > {stack}.outputs.json` "
+            "and pass --outputs-file"
+        )
+    proc = subprocess.run(
+        [exe, "stack", "output", "--json", "--show-secrets", "--stack", stack],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise ClientConfigError(f"`pulumi stack output` failed for stack {stack}: {proc.stderr.strip()}")
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ClientConfigError(f"`pulumi stack output --json` printed no outputs object for stack {stack}")
+    return data
+
+
+# ------------------------------------------------------------------------------------------ render
+
+_ENV_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+,=-]*$")
+
+
+def _env_value(value: str) -> str:
+    """Unquoted when safe (valid for sh, python-dotenv and `docker --env-file` alike), else single-quoted."""
+    if "\n" in value:
+        raise ClientConfigError("a value with a newline cannot go into an env file")
+    return value if _ENV_SAFE.match(value) else shlex.quote(value)
+
+
+def render_openai_env(c: Client) -> str:
+    """Env file for the OpenAI SDKs (they read OPENAI_BASE_URL and OPENAI_API_KEY) and most tools."""
+    title = f" {c.stack}" if c.stack else ""
+    return (
+        f"# deepseek-spark{title}: OpenAI-compatible endpoint. Holds the API key (mode 600).\n"
+        "# sh: set -a; . ./this.env; set +a   docker: --env-file this.env   python: dotenv.load_dotenv\n"
+        f"OPENAI_BASE_URL={_env_value(c.base_url)}\n"
+        f"OPENAI_API_KEY={_env_value(c.api_key)}\n"
+        f"OPENAI_MODEL={_env_value(c.model)}\n"
+    )
+
+
+def litellm_config(c: Client, key_env: Optional[str] = None) -> dict:
+    """LiteLLM proxy config: one model_list entry routed to the endpoint as an OpenAI-compatible API.
+    `key_env`: reference the key as `os.environ/NAME` instead of writing it into the file."""
+    return {
+        "model_list": [
+            {
+                "model_name": c.model,
+                "litellm_params": {
+                    "model": f"openai/{c.model}",
+                    "api_base": c.base_url,
+                    "api_key": f"os.environ/{key_env}" if key_env else c.api_key,
+                },
+            }
+        ]
+    }
+
+
+def _yaml_scalar(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid YAML double-quoted scalar
+
+
+def render_litellm(c: Client, key_env: Optional[str] = None) -> str:
+    cfg = litellm_config(c, key_env)
+    entry = cfg["model_list"][0]
+    p = entry["litellm_params"]
+    title = f" {c.stack}" if c.stack else ""
+    where = f"read from ${key_env}" if key_env else "holds the API key (mode 600)"
+    return (
+        f"# deepseek-spark{title}: LiteLLM proxy config (`litellm --config this.yaml`); {where}.\n"
+        "model_list:\n"
+        f"  - model_name: {_yaml_scalar(entry['model_name'])}\n"
+        "    litellm_params:\n"
+        f"      model: {_yaml_scalar(p['model'])}\n"
+        f"      api_base: {_yaml_scalar(p['api_base'])}\n"
+        f"      api_key: {_yaml_scalar(p['api_key'])}\n"
+    )
+
+
+def render_curl(c: Client, key_env: Optional[str] = None, prompt: str = PROMPT) -> str:
+    """A sh script: one chat completion. The key goes to curl on stdin (`-H @-`), never in argv."""
+    body = json.dumps({"model": c.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64})
+    key_line = (
+        f'key="${{{key_env}:?set {key_env} to the API key}}"' if key_env else f"key={shlex.quote(c.api_key)}"
+    )
+    title = f" {c.stack}" if c.stack else ""
+    return (
+        "#!/bin/sh\n"
+        f"# deepseek-spark{title}: one chat completion against the endpoint"
+        f"{'' if key_env else ' (holds the API key, mode 600)'}.\n"
+        "set -eu\n"
+        f"{key_line}\n"
+        "printf 'Authorization: Bearer %s\\n' \"$key\" |\n"
+        f"  curl -sS --fail-with-body {shlex.quote(c.chat_completions_url)} \\\n"
+        "    -H @- -H 'Content-Type: application/json' \\\n"
+        f"    -d {shlex.quote(body)}\n"
+    )
+
+
+def render(c: Client, fmt: str, key_env: Optional[str] = None) -> str:
+    if fmt == "openai-env":
+        return render_openai_env(c)
+    if fmt == "litellm":
+        return render_litellm(c, key_env)
+    if fmt == "curl":
+        return render_curl(c, key_env)
+    raise ClientConfigError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+# ------------------------------------------------------------------------------------------- write
+
+
+def write_private(path: str | os.PathLike, text: str, mode: int = 0o600) -> Path:
+    """Write `text` to `path` so that it is never readable by others, not even for a moment: a new
+    temp file (created 0600 by mkstemp) in the same directory, then an atomic rename over `path`.
+    An existing file (whatever its mode) or symlink at `path` is replaced, never written through."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+# --------------------------------------------------------------------------------------------- cli
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m components.clients",
+        description="Write a client config for a deepseek-spark stack from its outputs.",
+    )
+    parser.add_argument("--stack", help="stack to read with `pulumi stack output` (tp3, tp4, ...)")
+    parser.add_argument("--outputs-file", help="outputs saved with `pulumi stack output --json --show-secrets` ('-': stdin)")
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--out", help="file to write (mode 600); stdout when omitted")
+    parser.add_argument("--key-env", metavar="NAME",
+                        help="litellm/curl: read the key from env var NAME instead of writing it into the file")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.key_env and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", args.key_env):
+        parser.error(f"--key-env {args.key_env!r} is not an environment variable name")
+    try:
+        outputs = read_outputs(args.stack, args.outputs_file)
+        client = client_from_outputs(outputs, stack=args.stack or "")
+        text = render(client, args.format, args.key_env)
+    except ClientConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.out:
+        write_private(args.out, text)
+        print(f"wrote {args.out} ({args.format}, mode 600)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
