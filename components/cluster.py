@@ -16,6 +16,7 @@ from .node import SparkNode, SparkNodeArgs
 from .readiness import Readiness, ReadinessArgs
 from .sglang import SglangGroup, SglangGroupArgs
 from .share import CheckpointShare, CheckpointShareArgs
+from .vllm import VllmRayGroup, VllmRayGroupArgs
 
 
 def client_config(endpoint: str, model: str, api_key: str) -> dict:
@@ -53,22 +54,31 @@ class DeepSeekCluster(pulumi.ComponentResource):
             )  # fmt: skip
             for rank, node in enumerate(cfg.nodes)
         ]
-        self.share = CheckpointShare(f"{name}-checkpoint", CheckpointShareArgs(cfg, stack, self.nodes), child)
         self.image = ServingImage(
             f"{name}-image", ServingImageArgs(cfg.image, self.nodes, cfg.image_timeout_minutes), child
         )
-        self.engram = EngramShards(
-            f"{name}-engram",
-            EngramShardsArgs(cfg, stack, self.nodes, self.image.images, self.share.volumes),
-            child,
+        self.share = CheckpointShare(
+            f"{name}-checkpoint", CheckpointShareArgs(cfg, stack, self.nodes, self.image.images, s.hf_token), child
         )
         ready_on_node = [
-            [node.preflight, self.image.images[rank], self.share.volumes[rank], self.engram.shards[rank]]
-            for rank, node in enumerate(self.nodes)
+            [node.preflight, self.image.images[rank], self.share.volumes[rank]] for rank, node in enumerate(self.nodes)
         ]
-        self.group = SglangGroup(
-            f"{name}-sglang", SglangGroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
-        )
+        self.group: SglangGroup | VllmRayGroup
+        if cfg.engine == "sglang":
+            self.engram = EngramShards(
+                f"{name}-engram",
+                EngramShardsArgs(cfg, stack, self.nodes, self.image.images, self.share.volumes),
+                child,
+            )
+            for rank, shard in enumerate(self.engram.shards):
+                ready_on_node[rank].append(shard)
+            self.group = SglangGroup(
+                f"{name}-sglang", SglangGroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
+            )
+        else:
+            self.group = VllmRayGroup(
+                f"{name}-vllm", VllmRayGroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
+            )
         self.readiness = Readiness(
             f"{name}-readiness", ReadinessArgs(cfg, s.api_key, self.group.revision, self.group.ranks), child
         )

@@ -51,7 +51,7 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         f'if [ "${{speed:-0}}" -ge {f.link_speed_mbps} ]; then ok fabric-speed; else '
         f'fail fabric-speed "{f.iface} runs at ${{speed:-unknown}} Mb/s, expected {f.link_speed_mbps}; reseat the cable"; fi',
     ]
-    if rank == 0 or cfg.share.mode == "local":
+    if cfg.model.source == "shared" and (rank == 0 or cfg.share.mode == "local"):
         ckpt = cfg.model.checkpoint_dir
         n = cfg.model.expected_shards
         lines += [
@@ -62,9 +62,19 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
             f'if [ "${{shards:-0}}" -ge {n} ]; then ok checkpoint-shards; else '
             f'fail checkpoint-shards "$shards of {n} model-*-of-*.safetensors files in $ckpt; finish the download"; fi',
         ]
+    if cfg.engram is not None:
+        lines += _engram_space(cfg, rank)
+    lines += [
+        'if [ "$failed" -ne 0 ]; then echo "preflight $node: failed, nothing was changed on the node" >&2; fi',
+        'exit "$failed"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _engram_space(cfg: ClusterConfig, rank: int) -> list[str]:
     need_kb = int(plan.engram_shard_gib(cfg) * 1024 * 1024)
     files = " ".join(q(f"{cfg.engram.dir}/{name}") for name in plan.shard_files(rank, cfg.serving.tp_size))
-    lines += [
+    return [
         f"edir={q(cfg.engram.dir)}",
         f"present=1; for s in {files}; do [ -f \"$s\" ] || present=0; done",
         'd="$edir"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done',
@@ -72,10 +82,35 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         f'if [ "$present" -eq 1 ] || [ "${{avail:-0}}" -ge {need_kb} ]; then ok engram-space; else '
         f'fail engram-space "$d has $((avail / 1048576)) GiB free, the rank {rank} shard needs '
         f'{plan.engram_shard_gib(cfg):.1f} GiB; free space or point engram.dir at a larger NVMe"; fi',
-        'if [ "$failed" -ne 0 ]; then echo "preflight $node: failed, nothing was changed on the node" >&2; fi',
-        'exit "$failed"',
     ]
-    return "\n".join(lines) + "\n"
+
+
+def download(cfg: ClusterConfig, stack: str) -> str:
+    """Fetch the checkpoint into model.checkpointDir on this node, once per revision.
+
+    Skips when a stamp with the current revision and the expected shards exist. An optional
+    Hugging Face token arrives on stdin (first line) and reaches the container through its
+    environment, never through the command line.
+    """
+    m = cfg.model
+    return (
+        "set -eu\n"
+        f"dir={q(m.checkpoint_dir)}; stamp=\"$dir/.deepseek-spark-download\"; rev={q(m.revision)}\n"
+        "count() { ls \"$dir\" 2>/dev/null | grep -c '\\.safetensors$' || true; }\n"
+        f'if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$rev" ] && [ "$(count)" -ge {m.expected_shards} ]; then\n'
+        f'  echo "checkpoint {m.hf_repo}@$rev already in $dir"; exit 0\n'
+        "fi\n"
+        'mkdir -p "$dir"\n'
+        "HF_TOKEN=''; IFS= read -r HF_TOKEN || true; export HF_TOKEN\n"
+        'token=""; [ -n "$HF_TOKEN" ] && token="-e HF_TOKEN"\n'
+        f"docker rm -f {q(stack + '-download')} >/dev/null 2>&1 || true\n"
+        f"docker run --rm --name {q(stack + '-download')} --network host --entrypoint huggingface-cli $token "
+        f'-v "$dir":/download {q(cfg.image)} download {q(m.hf_repo or "")} --revision "$rev" --local-dir /download\n'
+        f'if [ "$(count)" -lt {m.expected_shards} ]; then\n'
+        f'  echo "checkpoint download: $(count) of {m.expected_shards} safetensors files in $dir" >&2; exit 1\n'
+        "fi\n"
+        "printf '%s\\n' \"$rev\" > \"$stamp\"\n"
+    )
 
 
 def exports_file(stack: str) -> str:

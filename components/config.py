@@ -13,13 +13,14 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 PROJECT = "deepseek-spark"
 CLUSTER_KEY = "cluster"
 API_KEY = "apiKey"
 SSH_KEY = "sshPrivateKey"
+HF_TOKEN = "hfToken"
 
 
 class _Strict(BaseModel):
@@ -51,10 +52,14 @@ class NodeConfig(_Strict):
 
 class ModelConfig(_Strict):
     served_name: str = Field(default="deepseek-v4.1-flash", min_length=1)
-    checkpoint_dir: str
-    revision: str = Field(min_length=1, description="checkpoint revision; repacks engram shards when it changes")
+    checkpoint_dir: str = Field(description="checkpoint on the head (nfs) or on every node (local, download)")
+    revision: str = Field(min_length=1, description="checkpoint revision; repacks/re-downloads when it changes")
     expected_shards: int = Field(default=48, ge=1)
-    profile: str = Field(default="deepseek-v4.1-flash-mxfp4", description="memory profile, see plan.PROFILES")
+    profile: str = Field(description="memory profile, see plan.PROFILES (default per engine)")
+    source: Literal["shared", "download"] = Field(
+        default="shared", description="shared: already on disk; download: fetched per node from hfRepo at revision"
+    )
+    hf_repo: str | None = Field(default=None, description="Hugging Face repo for source: download")
 
     _abs = field_validator("checkpoint_dir")(_absolute)
 
@@ -67,21 +72,37 @@ class ModelConfig(_Strict):
 
 
 class ServingConfig(_Strict):
-    port: int = Field(default=8888, ge=1, le=65535)
-    dist_port: int = Field(default=20000, ge=1, le=65535)
+    # Both engines.
+    port: int = Field(ge=1, le=65535, description="API port (default 8888 for sglang, 8000 for vllm)")
     tp_size: int = Field(ge=1)
-    ep_size: int = Field(ge=1)
-    context_length: int = Field(ge=1)
-    max_total_tokens: int = Field(ge=1)
-    max_running_requests: int = Field(ge=1)
-    mem_fraction_static: float = Field(gt=0, lt=1)
+    max_running_requests: int | None = Field(default=None, ge=1, description="sglang; vllm: --max-num-seqs")
+    extra_args: list[str] = Field(default_factory=list)
+    extra_env: dict[str, str] = Field(default_factory=dict)
+    # SGLang only (rules.py refuses them on vllm; the None ones are required on sglang).
+    dist_port: int = Field(default=20000, ge=1, le=65535)
+    ep_size: int | None = Field(default=None, ge=1)
+    context_length: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
     chunked_prefill_size: int = Field(default=1024, ge=1)
     spec_algo: Literal["DSPARK", "off"] = "DSPARK"
     dspark_block_size: int = Field(default=3, ge=1)
     # Accepts "ram" on purpose so rules.py can refuse it with the seed's explanation.
     offload_mode: Literal["nvme", "ram"] = "nvme"
-    extra_args: list[str] = Field(default_factory=list)
-    extra_env: dict[str, str] = Field(default_factory=dict)
+    # vLLM only (rules.py refuses them on sglang).
+    max_model_len: int = Field(default=131072, ge=1, description="the first thing to lower when memory is short")
+    kv_cache_dtype: str = "fp8_ds_mla"
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, lt=1)
+    ray_port: int = Field(default=6379, ge=1, le=65535)
+    distributed_executor_backend: Literal["ray"] = "ray"
+
+
+SGLANG_ONLY = {
+    "dist_port", "ep_size", "context_length", "max_total_tokens", "mem_fraction_static", "chunked_prefill_size",
+    "spec_algo", "dspark_block_size", "offload_mode",
+}  # fmt: skip
+SGLANG_REQUIRED = ("ep_size", "context_length", "max_total_tokens", "mem_fraction_static", "max_running_requests")
+VLLM_ONLY = {"max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "ray_port", "distributed_executor_backend"}
 
 
 class EngramConfig(_Strict):
@@ -136,10 +157,10 @@ class ClusterConfig(_Strict):
     topology: Literal["switch", "direct", "ring"] = "switch"
     nodes: list[NodeConfig] = Field(min_length=1)
     model: ModelConfig
-    image: str = Field(default="lmsysorg/sglang:dev-dsv41", min_length=1)
+    image: str = Field(min_length=1, description="engine image (default per engine)")
     image_timeout_minutes: int = Field(default=60, ge=1)
     serving: ServingConfig
-    engram: EngramConfig
+    engram: EngramConfig | None = Field(default=None, description="sglang only: packed engram shards on NVMe")
     fabric: FabricConfig = FabricConfig()
     share: ShareConfig = ShareConfig()
     ssh: SshConfig = SshConfig()
@@ -148,6 +169,35 @@ class ClusterConfig(_Strict):
     state_dir: str = Field(default="/var/lib/deepseek-spark", description="node dir for the API key file")
 
     _abs = field_validator("state_dir")(_absolute)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data: Any) -> Any:
+        """Fill what differs by engine (image, port, memory profile) before validation."""
+        if not isinstance(data, dict):
+            return data
+        engine = data.get("engine", "sglang")
+        defaults = ENGINE_DEFAULTS.get(engine if isinstance(engine, str) else "", {})
+        data = dict(data)
+        data.setdefault("image", defaults.get("image"))
+        for section in ("serving", "model"):
+            if isinstance(data.get(section), dict):
+                data[section] = {**{k: v for k, v in defaults.get(section, {}).items()}, **data[section]}
+        return data
+
+
+ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sglang": {
+        "image": "lmsysorg/sglang:dev-dsv41",
+        "serving": {"port": 8888},
+        "model": {"profile": "deepseek-v4.1-flash-mxfp4"},
+    },
+    "vllm": {
+        "image": "vllm/vllm-openai:v0.31.0",
+        "serving": {"port": 8000},
+        "model": {"profile": "deepseek-v4.1-flash-nvfp4"},
+    },
+}
 
 
 class ConfigError(Exception):
@@ -190,6 +240,7 @@ class Settings:
     cluster: ClusterConfig
     api_key: Any  # pulumi.Output[str], always secret
     ssh_private_key: Any  # pulumi.Output[str] (secret) or None: ssh-agent is used then
+    hf_token: Any = None  # pulumi.Output[str] (secret) or None: for model.source: download
 
 
 WEAK_KEYS = {"", "none", "off", "dummy", "0"}
@@ -214,15 +265,19 @@ def load() -> Settings:
     if not pulumi.runtime.is_config_secret(f"{PROJECT}:{API_KEY}"):
         raise ConfigError(f"{PROJECT}:{API_KEY} is stored in plain text in the stack file. Run:\n  {set_key}")
 
-    ssh_key = pulumi.runtime.get_config(f"{PROJECT}:{SSH_KEY}")
-    if ssh_key is not None and not pulumi.runtime.is_config_secret(f"{PROJECT}:{SSH_KEY}"):
-        raise ConfigError(
-            f"{PROJECT}:{SSH_KEY} is stored in plain text. Run:\n"
-            f"  pulumi config set --secret {PROJECT}:{SSH_KEY} --stack {stack} < ~/.ssh/id_ed25519"
-        )
+    optional = {}
+    for name, example in ((SSH_KEY, "< ~/.ssh/id_ed25519"), (HF_TOKEN, '"$HF_TOKEN"')):
+        value = pulumi.runtime.get_config(f"{PROJECT}:{name}")
+        if value is not None and not pulumi.runtime.is_config_secret(f"{PROJECT}:{name}"):
+            raise ConfigError(
+                f"{PROJECT}:{name} is stored in plain text. Run:\n"
+                f"  pulumi config set --secret {PROJECT}:{name} --stack {stack} {example}"
+            )
+        optional[name] = pulumi.Output.secret(value) if value else None
     return Settings(
         stack=stack,
         cluster=cluster,
         api_key=pulumi.Output.secret(key),
-        ssh_private_key=pulumi.Output.secret(ssh_key) if ssh_key else None,
+        ssh_private_key=optional[SSH_KEY],
+        hf_token=optional[HF_TOKEN],
     )

@@ -40,9 +40,23 @@ class MemoryProfile:
     max_context_by_tp: dict[int, int]
     engram_total_gib: float  # split evenly across ranks onto each node's NVMe
     test_double: bool = False
+    engine: str = "sglang"
 
 
-PROFILES: dict[str, MemoryProfile] = {
+@dataclass(frozen=True)
+class VllmProfile:
+    """Published figures of the NVFP4 checkpoint served by vLLM (seed 004), per node."""
+
+    description: str
+    weights_gib_by_tp: dict[int, tuple[float, float]]  # (low, high): the seed gives a range
+    kv_gib_at: tuple[int, float]  # (max_model_len, GiB): KV grows linearly with the context length
+    runtime_gb: tuple[float, float]  # system and runtime overhead, (low, high)
+    max_model_len: int
+    test_double: bool = False
+    engine: str = "vllm"
+
+
+PROFILES: dict[str, MemoryProfile | VllmProfile] = {
     "deepseek-v4.1-flash-mxfp4": MemoryProfile(
         description="DeepSeek-V4.1-Flash, MXFP4 experts + FP8 dense, 476 GiB checkpoint (SGLang)",
         weights_gib_by_tp={2: 145.0, 3: 101.0, 4: 77.0},
@@ -68,6 +82,21 @@ PROFILES: dict[str, MemoryProfile] = {
         nccl_tuned_gb=0.14,
         max_context_by_tp={1: 262144, 2: 262144, 3: 262144, 4: 1048576},
         engram_total_gib=0.01,
+        test_double=True,
+    ),
+    "deepseek-v4.1-flash-nvfp4": VllmProfile(
+        description="nvidia/DeepSeek-V4.1-Flash-NVFP4: NVFP4 experts, MXFP4 engram tables (vLLM + Ray, seed 004)",
+        weights_gib_by_tp={2: (79.0, 105.0)},
+        kv_gib_at=(131072, 15.0),
+        runtime_gb=(8.0, 12.0),
+        max_model_len=1048576,
+    ),
+    "sim-test-double-vllm": VllmProfile(
+        description="TEST DOUBLE: the simulator's tiny fake checkpoint served by vllm-sim, not a real model",
+        weights_gib_by_tp={1: (2.0, 2.0), 2: (1.0, 1.0)},
+        kv_gib_at=(131072, 15.0),
+        runtime_gb=(8.0, 12.0),
+        max_model_len=1048576,
         test_double=True,
     ),
 }
@@ -104,7 +133,7 @@ class RankMemory:
 class MemoryPlan:
     profile: str
     unified_gib: float
-    mem_fraction_static: float
+    static_fraction: float  # sglang: memFractionStatic; vllm: gpuMemoryUtilization
     ranks: tuple[RankMemory, ...]  # head first, then a worker (all workers are alike)
     known: bool  # False when the profile has no figures for this TP size
 
@@ -116,7 +145,7 @@ class MemoryPlan:
         return {
             "profile": self.profile,
             "unifiedGiB": self.unified_gib,
-            "memFractionStatic": self.mem_fraction_static,
+            "staticFraction": self.static_fraction,
             "fits": self.fits,
             "ranks": [
                 {
@@ -137,18 +166,23 @@ class MemoryPlan:
         }
 
     def summary(self) -> str:
-        lines = [f"memory plan ({self.profile}, {self.unified_gib} GiB per node, static {self.mem_fraction_static}):"]
+        lines = [f"memory plan ({self.profile}, {self.unified_gib} GiB per node, static fraction {self.static_fraction}):"]
         for r in self.ranks:
+            inside = [("weights", r.weights_gib + r.draft_gib), ("KV", r.kv_gib), ("window", r.window_gib)]
+            outside = [("CUDA graphs", r.cuda_graphs_gib), ("NCCL", r.nccl_gib), ("runtime", r.runtime_floor_gib)]
             lines.append(
-                f"  {r.role}: static pool {r.static_pool_gib:.1f} GiB holds weights {r.weights_gib + r.draft_gib:.1f}"
-                f" + KV {r.kv_gib:.1f} + window {r.window_gib:.2f} = {r.static_used_gib:.1f};"
-                f" outside {r.outside_gib:.1f} GiB holds CUDA graphs {r.cuda_graphs_gib:.1f}"
-                f" + NCCL {r.nccl_gib:.2f} + runtime floor {r.runtime_floor_gib:.1f} = {r.outside_needed_gib:.1f}"
+                f"  {r.role}: static pool {r.static_pool_gib:.1f} GiB holds "
+                + " + ".join(f"{k} {v:.2f}" for k, v in inside if v)
+                + f" = {r.static_used_gib:.1f}; outside {r.outside_gib:.1f} GiB holds "
+                + " + ".join(f"{k} {v:.2f}" for k, v in outside if v)
+                + f" = {r.outside_needed_gib:.1f}"
             )
         return "\n".join(lines)
 
 
 def memory_plan(cfg: ClusterConfig) -> MemoryPlan:
+    if cfg.engine == "vllm":
+        return vllm_memory_plan(cfg)
     prof = PROFILES[cfg.model.profile]
     s = cfg.serving
     tp = s.tp_size
@@ -183,6 +217,32 @@ def memory_plan(cfg: ClusterConfig) -> MemoryPlan:
             )
         )
     return MemoryPlan(cfg.model.profile, cfg.memory.unified_gib, s.mem_fraction_static, tuple(ranks), known)
+
+
+def vllm_kv_gib(cfg: ClusterConfig, max_model_len: int | None = None) -> float:
+    length, gib = PROFILES[cfg.model.profile].kv_gib_at
+    return gib * (max_model_len or cfg.serving.max_model_len) / length
+
+
+def vllm_memory_plan(cfg: ClusterConfig, weights: str = "low") -> MemoryPlan:
+    """vLLM: --gpu-memory-utilization x unified memory must hold weights + KV (linear in maxModelLen);
+    what is left must hold the runtime overhead (seed 004: 8-12 GB, the high end is planned for)."""
+    prof = PROFILES[cfg.model.profile]
+    s = cfg.serving
+    known = s.tp_size in prof.weights_gib_by_tp
+    low, high = prof.weights_gib_by_tp.get(s.tp_size, (0.0, 0.0))
+    w = low if weights == "low" else high
+    kv = vllm_kv_gib(cfg)
+    pool = s.gpu_memory_utilization * cfg.memory.unified_gib
+    runtime = prof.runtime_gb[1] * GB / GIB
+    roles = ["head"] + (["worker"] if len(cfg.nodes) > 1 else [])
+    ranks = tuple(
+        RankMemory(role=role, static_pool_gib=pool, weights_gib=w, draft_gib=0.0, kv_gib=kv, window_gib=0.0,
+                   static_used_gib=w + kv, outside_gib=cfg.memory.unified_gib - pool, cuda_graphs_gib=0.0,
+                   nccl_gib=0.0, runtime_floor_gib=runtime, outside_needed_gib=runtime)
+        for role in roles
+    )  # fmt: skip
+    return MemoryPlan(cfg.model.profile, cfg.memory.unified_gib, s.gpu_memory_utilization, ranks, known)
 
 
 def max_tokens_that_fit(cfg: ClusterConfig) -> int:
@@ -306,17 +366,7 @@ def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
     return args + list(s.extra_args)
 
 
-def launch_wrapper(key_file: str = API_KEY_MOUNT, sysfs: str = "/sys/class/infiniband") -> str:
-    """The rank entrypoint script, run by /bin/sh in the container with the launcher flags as "$@".
-
-    - The API key is read from a mounted 0600 file (rank 0 only), so it is never part of a Pulumi
-      input, a docker label or `docker inspect` args.
-    - NCCL_IB_GID_INDEX, unless pinned, is looked up from sysfs at every start (it moves between
-      reboots): the RoCE v2 GID ending in the IPv4-mapped HOST_IP; 3 when none matches.
-    """
-    return (
-        r"""set -eu
-if [ -z "${NCCL_IB_GID_INDEX:-}" ]; then
+_GID_LOOKUP = r"""if [ -z "${NCCL_IB_GID_INDEX:-}" ]; then
   want=$(printf '%s' "${HOST_IP:-}" | awk -F. 'NF==4{printf "%02x%02x:%02x%02x", $1, $2, $3, $4}')
   gid=""
   for hca in $(printf '%s' "${NCCL_IB_HCA:-}" | tr ',' ' '); do
@@ -331,14 +381,52 @@ if [ -z "${NCCL_IB_GID_INDEX:-}" ]; then
   export NCCL_IB_GID_INDEX="${gid:-3}"
 fi
 echo "deepseek-spark: rank ${NODE_RANK:-?} NCCL_IB_GID_INDEX=$NCCL_IB_GID_INDEX"
-if [ -r __KEY__ ]; then
-  set -- "$@" --api-key "$(cat __KEY__)"
-fi
-exec python3 -m sglang.launch_server "$@"
 """
-        .replace("__SYSFS__", shlex.quote(sysfs))
-        .replace("__KEY__", shlex.quote(key_file))
-    )
+
+# vLLM head: start the Ray head, wait until every node's Ray worker has joined, then serve.
+VLLM_HEAD_RUN = r"""ray start --head --port "$RAY_PORT" --node-ip-address "$VLLM_HOST_IP" --num-gpus 1 --disable-usage-stats
+python3 - <<'GATE'
+import os, sys, time
+import ray
+want = int(os.environ["DSPARK_RAY_NODES"])
+deadline = time.time() + int(os.environ.get("DSPARK_RAY_WAIT", "900"))
+ray.init(address=os.environ["RAY_ADDRESS"])
+while True:
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if len(alive) >= want:
+        print(f"deepseek-spark: ray has {len(alive)}/{want} nodes alive", flush=True)
+        break
+    if time.time() > deadline:
+        print(f"deepseek-spark: only {len(alive)}/{want} ray nodes joined; check the workers", flush=True)
+        sys.exit(1)
+    time.sleep(2)
+ray.shutdown()
+GATE
+exec vllm "$@"
+"""
+
+
+def launch_wrapper(
+    run: str = 'exec python3 -m sglang.launch_server "$@"',
+    key: str | None = "arg",
+    key_file: str = API_KEY_MOUNT,
+    sysfs: str = "/sys/class/infiniband",
+) -> str:
+    """A rank entrypoint script, run by /bin/sh in the container with the engine's flags as "$@".
+
+    - NCCL_IB_GID_INDEX, unless pinned, is looked up from sysfs at every start (it moves between
+      reboots): the RoCE v2 GID ending in the IPv4-mapped HOST_IP; 3 when none matches.
+    - The API key is read from a mounted 0600 file (head only), so it is never part of a Pulumi
+      input, a docker label or `docker inspect` args: `key="arg"` appends `--api-key <key>`
+      (SGLang), `key="env:NAME"` exports it as NAME (vLLM reads VLLM_API_KEY), None ignores it.
+    """
+    script = "set -eu\n" + _GID_LOOKUP.replace("__SYSFS__", shlex.quote(sysfs))
+    quoted = shlex.quote(key_file)
+    if key == "arg":
+        script += f'if [ -r {quoted} ]; then\n  set -- "$@" --api-key "$(cat {quoted})"\nfi\n'
+    elif key and key.startswith("env:"):
+        script += f'if [ -r {quoted} ]; then\n  export {key[4:]}="$(cat {quoted})"\nfi\n'
+    return script + run + ("" if run.endswith("\n") else "\n")
 
 
 @dataclass(frozen=True)
@@ -398,6 +486,68 @@ def rank_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
             )
         )
     return specs
+
+
+def vllm_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
+    s = cfg.serving
+    node = cfg.nodes[rank]
+    env = {
+        **nccl_env(cfg),
+        "VLLM_HOST_IP": node.fabric_ip,  # Ray and vLLM pick this node's fabric address, not the first IP
+        "HOST_IP": node.fabric_ip,
+        "TP_SOCKET_IFNAME": cfg.fabric.socket_ifname,
+        "RAY_memory_monitor_refresh_ms": "0",  # unified memory: Ray's OOM killer would kill the engine
+        "RAY_ADDRESS": f"{head(cfg).fabric_ip}:{s.ray_port}",
+        "RAY_PORT": str(s.ray_port),
+        "DSPARK_RAY_NODES": str(len(cfg.nodes)),
+        "DSPARK_CHECKPOINT_REVISION": cfg.model.revision,
+        "NODE_RANK": str(rank),
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+    }
+    env.update(s.extra_env)
+    return dict(sorted(env.items()))
+
+
+def vllm_serve_args(cfg: ClusterConfig) -> list[str]:
+    s = cfg.serving
+    args = [
+        "serve", MODEL_MOUNT,
+        "--served-model-name", cfg.model.served_name,
+        "--tensor-parallel-size", str(s.tp_size),
+        "--distributed-executor-backend", s.distributed_executor_backend,
+        "--kv-cache-dtype", s.kv_cache_dtype,
+        "--max-model-len", str(s.max_model_len),
+        "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
+        "--host", "0.0.0.0",
+        "--port", str(s.port),
+    ]  # fmt: skip
+    if s.max_running_requests:
+        args += ["--max-num-seqs", str(s.max_running_requests)]
+    return args + list(s.extra_args)
+
+
+def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
+    """Node 0: Ray head + `vllm serve` once every Ray worker joined; other nodes: a Ray worker."""
+    specs = []
+    for rank, node in enumerate(cfg.nodes):
+        mounts = [Mount(MODEL_MOUNT, checkpoint_volume_name(stack), "volume", True)]
+        if rank == 0:
+            mounts.append(Mount(API_KEY_MOUNT, api_key_path(cfg, stack), "bind", True))
+            entrypoint = ["/bin/sh", "-c", launch_wrapper(VLLM_HEAD_RUN, key="env:VLLM_API_KEY"), "vllm-head"]
+            args = vllm_serve_args(cfg)
+        else:
+            entrypoint = ["/bin/sh", "-c", launch_wrapper('exec "$@"', key=None), "ray-worker"]
+            args = ["ray", "start", "--block", "--address", f"{head(cfg).fabric_ip}:{cfg.serving.ray_port}",
+                    "--node-ip-address", node.fabric_ip, "--num-gpus", "1", "--disable-usage-stats"]  # fmt: skip
+        specs.append(
+            RankSpec(rank=rank, node=node.name, container_name=container_name(stack, rank), image=cfg.image,
+                     entrypoint=entrypoint, args=args, env=vllm_env(cfg, rank), mounts=mounts)
+        )  # fmt: skip
+    return specs
+
+
+def group_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
+    return vllm_specs(cfg, stack) if cfg.engine == "vllm" else rank_specs(cfg, stack)
 
 
 def group_revision(specs: list[RankSpec]) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import plan
-from .config import ClusterConfig
+from .config import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,40 @@ def rule(name: str) -> Callable[[Rule], Rule]:
     return register
 
 
-@rule("engine-built")
-def _engine_built(cfg: ClusterConfig) -> list[Finding]:
-    if cfg.engine == "vllm":
-        return [
-            Finding("engine-built", "engine", cfg.engine, "the vLLM + Ray engine is not built into this program yet",
-                    "use engine: sglang (3 or 4 Sparks) until the vLLM group lands")
-        ]  # fmt: skip
-    return []
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+@rule("engine-fields")
+def _engine_fields(cfg: ClusterConfig) -> list[Finding]:
+    """Fields of the other engine are refused; fields this engine needs must be there."""
+    out = []
+    s = cfg.serving
+    other, mine = (VLLM_ONLY, "sglang") if cfg.engine == "sglang" else (SGLANG_ONLY, "vllm")
+    for name in sorted(s.model_fields_set & other):
+        field = f"serving.{_camel(name)}"
+        out.append(Finding("engine-fields", field, getattr(s, name),
+                           f"is a {'vLLM' if mine == 'sglang' else 'SGLang'} setting and this stack runs engine {mine}",
+                           f"remove {field}"))  # fmt: skip
+    if cfg.engine == "sglang":
+        for name in SGLANG_REQUIRED:
+            if getattr(s, name) is None:
+                out.append(Finding("engine-fields", f"serving.{_camel(name)}", None, "is required for engine sglang",
+                                   "set it (see Pulumi.tp4.yaml for the seed's values)"))  # fmt: skip
+        if cfg.engram is None:
+            out.append(Finding("engine-fields", "engram", None, "is required for engine sglang (packed shards on NVMe)",
+                               "add engram: {dir: /path/on/nvme}"))  # fmt: skip
+    elif cfg.engram is not None:
+        out.append(Finding("engine-fields", "engram", "...", "engram shards are an SGLang feature; vLLM reads the "
+                           "NVFP4 checkpoint's MXFP4 engram tables itself", "remove the engram section"))  # fmt: skip
+    if cfg.model.source == "download" and not cfg.model.hf_repo:
+        out.append(Finding("engine-fields", "model.hfRepo", None, "source: download needs the repository",
+                           "set model.hfRepo, e.g. nvidia/DeepSeek-V4.1-Flash-NVFP4"))  # fmt: skip
+    if cfg.model.source == "shared" and cfg.model.hf_repo:
+        out.append(Finding("engine-fields", "model.hfRepo", cfg.model.hf_repo, "is only used with source: download",
+                           "set model.source: download, or remove model.hfRepo"))  # fmt: skip
+    return out
 
 
 @rule("node-count-equals-tp")
@@ -95,7 +121,7 @@ def _fabric_ip(cfg: ClusterConfig) -> list[Finding]:
 @rule("ep-divides-tp")
 def _ep(cfg: ClusterConfig) -> list[Finding]:
     s = cfg.serving
-    if s.tp_size % s.ep_size:
+    if cfg.engine == "sglang" and s.tp_size % s.ep_size:
         return [Finding("ep-divides-tp", "serving.epSize", s.ep_size, f"does not divide tpSize {s.tp_size}",
                         f"use epSize {s.tp_size} (the seeds' value) or a divisor of it")]  # fmt: skip
     return []
@@ -104,9 +130,10 @@ def _ep(cfg: ClusterConfig) -> list[Finding]:
 @rule("ports-distinct")
 def _ports(cfg: ClusterConfig) -> list[Finding]:
     s = cfg.serving
-    if s.port == s.dist_port:
-        return [Finding("ports-distinct", "serving.distPort", s.dist_port, "equals serving.port on the head",
-                        "use the seeds' distPort 20000 and port 8888")]  # fmt: skip
+    other, name = (s.dist_port, "distPort") if cfg.engine == "sglang" else (s.ray_port, "rayPort")
+    if s.port == other:
+        return [Finding("ports-distinct", f"serving.{name}", other, "equals serving.port on the head",
+                        "use the seeds' ports: sglang port 8888 / distPort 20000, vllm port 8000 / rayPort 6379")]  # fmt: skip
     return []
 
 
@@ -125,16 +152,20 @@ def _offload(cfg: ClusterConfig) -> list[Finding]:
 
 @rule("known-profile")
 def _profile(cfg: ClusterConfig) -> list[Finding]:
-    if cfg.model.profile not in plan.PROFILES:
-        return [Finding("known-profile", "model.profile", cfg.model.profile, "no such memory profile",
-                        f"use one of {sorted(plan.PROFILES)}")]  # fmt: skip
+    names = sorted(n for n, p in plan.PROFILES.items() if p.engine == cfg.engine)
+    prof = plan.PROFILES.get(cfg.model.profile)
+    if prof is None or prof.engine != cfg.engine:
+        return [Finding("known-profile", "model.profile", cfg.model.profile,
+                        f"no memory profile of that name for engine {cfg.engine}", f"use one of {names}")]  # fmt: skip
     return []
 
 
 @rule("memory-plan-fits")
 def _memory(cfg: ClusterConfig) -> list[Finding]:
-    if cfg.model.profile not in plan.PROFILES:
+    if _profile(cfg):
         return []  # reported by known-profile
+    if cfg.engine == "vllm":
+        return _vllm_memory(cfg)
     prof = plan.PROFILES[cfg.model.profile]
     mp = plan.memory_plan(cfg)
     s = cfg.serving
@@ -169,12 +200,44 @@ def _memory(cfg: ClusterConfig) -> list[Finding]:
     return out
 
 
+def _vllm_memory(cfg: ClusterConfig) -> list[Finding]:
+    prof = plan.PROFILES[cfg.model.profile]
+    s = cfg.serving
+    mp = plan.vllm_memory_plan(cfg)
+    if not mp.known:
+        return [Finding("memory-plan-fits", "serving.tpSize", s.tp_size,
+                        f"profile {cfg.model.profile} has published figures for TP={sorted(prof.weights_gib_by_tp)} only",
+                        f"serve this checkpoint on {len(prof.weights_gib_by_tp) and min(prof.weights_gib_by_tp)} "
+                        "Sparks, or SGLang on 3-4")]  # fmt: skip
+    r = mp.ranks[0]
+    out = []
+    if not r.static_fits:
+        room = r.static_pool_gib - r.weights_gib
+        fit = max(0, int(room / plan.vllm_kv_gib(cfg, 1) if room > 0 else 0))
+        out.append(Finding("memory-plan-fits", "serving.maxModelLen", s.max_model_len,
+                           f"gpuMemoryUtilization {s.gpu_memory_utilization:g} x {cfg.memory.unified_gib} = "
+                           f"{r.static_pool_gib:.1f} GiB cannot hold weights {r.weights_gib:.0f} + KV {r.kv_gib:.1f} GiB",
+                           f"lower serving.maxModelLen first (131072 -> 65536 or 32768; at most {fit} fits)"))  # fmt: skip
+    if not r.outside_fits:
+        out.append(Finding("memory-plan-fits", "serving.gpuMemoryUtilization", s.gpu_memory_utilization,
+                           f"leaves {r.outside_gib:.1f} GiB for the runtime, which needs up to {r.outside_needed_gib:.1f} GiB",
+                           f"lower serving.gpuMemoryUtilization to at most "
+                           f"{(cfg.memory.unified_gib - r.outside_needed_gib) / cfg.memory.unified_gib:.2f}"))  # fmt: skip
+    return out
+
+
 @rule("context-length-supported")
 def _context(cfg: ClusterConfig) -> list[Finding]:
     prof = plan.PROFILES.get(cfg.model.profile)
     s = cfg.serving
     out = []
-    limit = prof.max_context_by_tp.get(s.tp_size) if prof else None
+    if cfg.engine == "vllm":
+        if prof is not None and prof.engine == "vllm" and s.max_model_len > prof.max_model_len:
+            out.append(Finding("context-length-supported", "serving.maxModelLen", s.max_model_len,
+                               f"more than the {prof.max_model_len} tokens verified for this checkpoint",
+                               f"set serving.maxModelLen to {prof.max_model_len} or less"))  # fmt: skip
+        return out
+    limit = prof.max_context_by_tp.get(s.tp_size) if prof and prof.engine == "sglang" else None
     if limit is not None and s.context_length > limit:
         out.append(Finding("context-length-supported", "serving.contextLength", s.context_length,
                            f"TP={s.tp_size} supports at most {limit} tokens of context",
@@ -222,16 +285,24 @@ MANAGED_FLAGS = {
     "--max-total-tokens", "--max-running-requests", "--mem-fraction-static", "--chunked-prefill-size",
     "--speculative-algorithm", "--speculative-dspark-block-size", "--cuda-graph-max-bs",
 }  # fmt: skip
-MANAGED_ENV = {"NODE_RANK", "NNODES", "TP_SIZE", "EP_SIZE", "HOST_IP", "DSV41_SOURCE", "DSV41_PACKED_DIR"}
+VLLM_MANAGED_FLAGS = {
+    "--tensor-parallel-size", "-tp", "--distributed-executor-backend", "--host", "--port", "--api-key",
+    "--served-model-name", "--max-model-len", "--kv-cache-dtype", "--gpu-memory-utilization", "--max-num-seqs",
+}  # fmt: skip
+MANAGED_ENV = {
+    "NODE_RANK", "NNODES", "TP_SIZE", "EP_SIZE", "HOST_IP", "DSV41_SOURCE", "DSV41_PACKED_DIR", "VLLM_HOST_IP",
+    "RAY_ADDRESS", "RAY_PORT", "DSPARK_RAY_NODES", "DSPARK_CHECKPOINT_REVISION",
+}  # fmt: skip
 SECRET_ENV = {"API_KEY", "SGLANG_API_KEY", "OPENAI_API_KEY", "VLLM_API_KEY", "HF_TOKEN"}
 
 
 @rule("extra-args-not-managed")
 def _extra_args(cfg: ClusterConfig) -> list[Finding]:
     out = []
+    managed = MANAGED_FLAGS if cfg.engine == "sglang" else VLLM_MANAGED_FLAGS
     for i, arg in enumerate(cfg.serving.extra_args):
         flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
+        if flag in managed:
             out.append(Finding("extra-args-not-managed", f"serving.extraArgs[{i}]", arg,
                                "this flag is set by the program from the structured config",
                                "remove it and set the matching serving field (or apiKey secret for --api-key)"))  # fmt: skip
@@ -254,7 +325,7 @@ def _extra_env(cfg: ClusterConfig) -> list[Finding]:
 
 @rule("tp3-padding-warning")
 def _tp3(cfg: ClusterConfig) -> list[Finding]:
-    if cfg.serving.tp_size == 3:
+    if cfg.engine == "sglang" and cfg.serving.tp_size == 3:
         return [Finding("tp3-padding-warning", "serving.tpSize", 3,
                         "rank 2's attention shard is all padding (64 heads / 8 o-groups / 128 draft experts "
                         "do not divide by 3), so GPU use is uneven",
@@ -271,7 +342,36 @@ def _image(cfg: ClusterConfig) -> list[Finding]:
     return []
 
 
+@rule("vllm-weights-range-warning")
+def _vllm_high(cfg: ClusterConfig) -> list[Finding]:
+    prof = plan.PROFILES.get(cfg.model.profile)
+    if cfg.engine != "vllm" or prof is None or prof.engine != "vllm" or not plan.vllm_memory_plan(cfg).fits:
+        return []
+    high = plan.vllm_memory_plan(cfg, weights="high").ranks[0]
+    if high.static_fits:
+        return []
+    return [Finding("vllm-weights-range-warning", "serving.maxModelLen", cfg.serving.max_model_len,
+                    f"fits with the low end of the published weights ({plan.vllm_memory_plan(cfg).ranks[0].weights_gib:.0f} "
+                    f"GiB/node) but not with the high end ({high.weights_gib:.0f} GiB: weights + KV {high.static_used_gib:.0f} "
+                    f"> {high.static_pool_gib:.0f} GiB)",
+                    "if vLLM fails with CUDA out of memory, lower serving.maxModelLen to 65536 or 32768 first",
+                    level="warning")]  # fmt: skip
+
+
+@rule("pinned-revision-warning")
+def _pinned(cfg: ClusterConfig) -> list[Finding]:
+    rev = cfg.model.revision
+    if cfg.model.source == "download" and not (len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)):
+        return [Finding("pinned-revision-warning", "model.revision", rev,
+                        "a branch or tag can move: nodes that download at different times may hold different weights",
+                        "pin the 40-character commit of the Hugging Face repo", level="warning")]  # fmt: skip
+    return []
+
+
 def check(cfg: ClusterConfig) -> tuple[list[Finding], list[Finding]]:
-    """Run every rule; returns (errors, warnings)."""
-    findings = [f for _, fn in RULES for f in fn(cfg)]
+    """Run every rule; returns (errors, warnings). Missing or foreign engine fields are reported
+    alone: the other rules assume each engine's fields are there."""
+    findings = _engine_fields(cfg)
+    if not findings:
+        findings = [f for _, fn in RULES for f in fn(cfg)]
     return [f for f in findings if f.level == "error"], [f for f in findings if f.level == "warning"]

@@ -13,47 +13,11 @@ from typing import Any, Optional
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import remote
 
-from . import commands, plan
+from . import plan
 from .config import ClusterConfig
+from .group import api_key_file, container_args
 from .node import SparkNode
-
-
-def container_args(spec: plan.RankSpec, revision: str, stack: str) -> dict[str, Any]:
-    """docker.Container inputs for one rank (everything but name/opts), from its RankSpec."""
-    labels = {
-        plan.REVISION_LABEL: revision,
-        "deepseek-spark.stack": stack,
-        "deepseek-spark.rank": str(spec.rank),
-        "deepseek-spark.role": spec.role,
-        "deepseek-spark.engine": "sglang",
-    }
-    return dict(
-        name=spec.container_name,
-        image=spec.image,
-        entrypoints=spec.entrypoint,
-        command=spec.args,
-        envs=[f"{k}={v}" for k, v in spec.env.items()],
-        labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in sorted(labels.items())],
-        network_mode=spec.network_mode,
-        ipc_mode=spec.ipc_mode,
-        gpus=spec.gpus,
-        devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d, permissions="rwm") for d in spec.devices],
-        capabilities=docker.ContainerCapabilitiesArgs(adds=spec.capabilities),
-        ulimits=[
-            docker.ContainerUlimitArgs(name=n, soft=soft, hard=hard) for n, (soft, hard) in sorted(spec.ulimits.items())
-        ],
-        mounts=[
-            docker.ContainerMountArgs(target=m.target, source=m.source, type=m.type, read_only=m.read_only)
-            for m in spec.mounts
-        ],
-        restart=spec.restart,
-        must_run=True,
-        # The model takes 12-13 minutes to load: no docker-level wait; Readiness gates `up` instead.
-        wait=False,
-        destroy_grace_seconds=30,
-    )
 
 
 @dataclass(frozen=True)
@@ -75,25 +39,7 @@ class SglangGroup(pulumi.ComponentResource):
         cfg, stack, nodes = args.cfg, args.stack, args.nodes
         specs = plan.rank_specs(cfg, stack)
         self.revision = plan.group_revision(specs)
-        head = nodes[0]
-        self.api_key_file = remote.Command(
-            f"{name}-api-key",
-            connection=head.connection,
-            create=commands.api_key_create(cfg, stack),
-            delete=commands.api_key_delete(cfg, stack),
-            stdin=args.api_key,
-            # A rotated key replaces the file (and, through replace_with, every rank).
-            triggers=[args.api_key],
-            logging=remote.Logging.NONE,
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                # create and delete touch the same file: delete the old one before writing the new.
-                delete_before_replace=True,
-                # The state dir is created only on a node that passed preflight.
-                depends_on=[head.preflight],
-            ),
-        )
+        self.api_key_file = api_key_file(f"{name}-api-key", cfg, stack, args.api_key, nodes[0], self)
         self.ranks: list[docker.Container] = []
         workers: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them
@@ -102,7 +48,7 @@ class SglangGroup(pulumi.ComponentResource):
                 deps += [self.api_key_file, *workers]
             container = docker.Container(
                 f"{name}-rank{spec.rank}",
-                **container_args(spec, self.revision, stack),
+                **container_args(spec, self.revision, stack, "sglang"),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     provider=nodes[spec.rank].docker,

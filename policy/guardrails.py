@@ -698,6 +698,16 @@ def check_checkpoint_kept(res: Any, config: Mapping[str, Any], facts: StackFacts
     return out
 
 
+def _is_checkpoint_download(args: Sequence[str], target: str) -> bool:
+    """`docker run ... --entrypoint huggingface-cli|hf ... download REPO ... --local-dir TARGET`."""
+    try:
+        entry = args[args.index("--entrypoint") + 1]
+        local_dir = args[args.index("--local-dir") + 1]
+    except (ValueError, IndexError):
+        return False
+    return entry in ("huggingface-cli", "hf") and "download" in args and local_dir == target
+
+
 def _docker_run_mounts(res, field_name, cmd, env, dirs, volume_names) -> list[str]:
     """`docker run -v SRC:DST[:ro]` of the checkpoint (path or volume name) must be read-only."""
     out = []
@@ -715,6 +725,8 @@ def _docker_run_mounts(res, field_name, cmd, env, dirs, volume_names) -> list[st
             continue
         src, mode = parts[0], (parts[2] if len(parts) > 2 else "")
         hits = (src.startswith("/") and any(_overlaps(src, d) for d in dirs)) or src in volume_names
+        if hits and field_name == "create" and _is_checkpoint_download(args, parts[1]):
+            continue  # model.source: download fills the checkpoint dir; it only ever adds files
         if hits and "ro" not in mode.split(","):
             out.append(f"{_label(res)}: {field_name} runs a container with the checkpoint {src} mounted writable; add :ro")
     return out

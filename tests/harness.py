@@ -52,6 +52,21 @@ def _decode(value: Any) -> Any:
     return value
 
 
+def plain_strings(value: Any):
+    """Every string (keys too) that is *not* under a Secret wrapper."""
+    if isinstance(value, Secret):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from plain_strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from plain_strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
 def reveal(value: Any) -> Any:
     """The same value with every Secret unwrapped (what the provider would receive)."""
     if isinstance(value, Secret):
@@ -181,8 +196,13 @@ def run_program(
     ssh_key: str | None = TEST_SSH_KEY,
     plain: tuple[str, ...] = (),
     preview: bool = False,
+    secrets: dict[str, str] | None = None,
 ) -> Recording:
-    """Run __main__.py for `stack` (its stack file, or `cluster` instead of its cluster value)."""
+    """Run __main__.py for `stack` (its stack file, or `cluster` instead of its cluster value).
+
+    apiKey, sshPrivateKey and any `secrets` ({"hfToken": ...}) are set as secret config keys,
+    except those named in `plain`.
+    """
     recording = Recording()
     mocks = Mocks()
     logger = logging.getLogger(f"pulumi-mock-{stack}")
@@ -201,7 +221,7 @@ def run_program(
     if cluster is not None:
         config[f"{PROJECT}:cluster"] = json.dumps(cluster)
     secret_keys = []
-    for key, value in (("apiKey", api_key), ("sshPrivateKey", ssh_key)):
+    for key, value in (("apiKey", api_key), ("sshPrivateKey", ssh_key), *(secrets or {}).items()):
         if value is not None:
             config[f"{PROJECT}:{key}"] = value
             if key not in plain:

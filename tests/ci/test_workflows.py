@@ -78,7 +78,7 @@ def test_a_stack_without_a_stack_file_is_skipped_step_by_step():
     for s in steps[probe + 1 :]:
         assert s.get("if") == "steps.stack.outputs.present == 'true'", s.get("name", s.get("uses"))
     script = steps[probe]["run"]
-    for stack, present in (("tp4", "true"), ("tp2", "false")):
+    for stack, present in (("tp4", "true"), ("tp2", "true"), ("tp8", "false")):
         out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
                              env={"STACK": stack, "GITHUB_OUTPUT": "/dev/stdout", "PATH": "/usr/bin:/bin"})  # fmt: skip
         assert f"present={present}" in out.stdout

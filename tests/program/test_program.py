@@ -5,7 +5,7 @@ import json
 import pytest
 
 from components import plan
-from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, reveal, run_program
+from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, plain_strings, reveal, run_program
 
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
@@ -14,7 +14,8 @@ LOCAL = "command:local:Command"
 DOCKER_PROVIDER = "pulumi:providers:docker"
 IMAGE = "docker:index/remoteImage:RemoteImage"
 
-STACKS = ["tp3", "tp4"]
+STACKS = ["tp3", "tp4", "tp2"]  # every real stack file
+SGLANG_STACKS = ["tp3", "tp4"]
 
 
 @pytest.fixture(scope="module", params=STACKS)
@@ -25,6 +26,16 @@ def stack(request):
 @pytest.fixture(scope="module")
 def rec(stack):
     return run_program(stack)
+
+
+@pytest.fixture(scope="module", params=SGLANG_STACKS)
+def sg_stack(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def sg_rec(sg_stack):
+    return run_program(sg_stack)
 
 
 def ranks(rec):
@@ -47,20 +58,20 @@ def short(urn):
     return urn.rsplit("::", 1)[-1]
 
 
-def test_one_rank_container_per_node_on_that_nodes_provider(rec, stack):
-    cfg = cluster_of(stack)
+def test_one_rank_container_per_node_on_that_nodes_provider(sg_rec, sg_stack):
+    cfg = cluster_of(sg_stack)
     n = len(cfg["nodes"])
-    got = ranks(rec)
-    assert len(got) == n == len(rec.of_type(DOCKER_PROVIDER))
+    got = ranks(sg_rec)
+    assert len(got) == n == len(sg_rec.of_type(DOCKER_PROVIDER))
     for rank, (res, labels) in enumerate(got):
         node = cfg["nodes"][rank]["name"]
-        assert res.provider_urn == provider_of_node(rec, stack, node)
+        assert res.provider_urn == provider_of_node(sg_rec, sg_stack, node)
         args = res.inputs["command"]
         assert flag(args, "--node-rank") == str(rank)
         assert flag(args, "--nnodes") == str(n)
         assert flag(args, "--tp") == str(n)
         assert flag(args, "--dist-init-addr") == f"{cfg['nodes'][0]['fabricIp']}:20000"
-        assert res.inputs["name"] == f"{stack}-rank{rank}"
+        assert res.inputs["name"] == f"{sg_stack}-rank{rank}"
         assert labels["deepseek-spark.role"] == ("head" if rank == 0 else "worker")
 
 
@@ -94,19 +105,19 @@ def test_ranks_are_delete_before_replace(rec):
     assert all(res.delete_before_replace for res, _ in ranks(rec))
 
 
-def test_head_depends_on_every_worker(rec):
-    (head, _), *workers = ranks(rec)
+def test_head_depends_on_every_worker(sg_rec):
+    (head, _), *workers = ranks(sg_rec)
     assert {w.urn for w, _ in workers} <= set(head.dependencies)
     for w, _ in workers:
-        assert not {x.urn for x, _ in ranks(rec)} & set(w.dependencies), "workers must not wait on each other"
+        assert not {x.urn for x, _ in ranks(sg_rec)} & set(w.dependencies), "workers must not wait on each other"
 
 
-def test_each_rank_waits_for_its_nodes_prerequisites(rec, stack):
-    for rank, (res, _) in enumerate(ranks(rec)):
-        node = cluster_of(stack)["nodes"][rank]["name"]
+def test_each_rank_waits_for_its_nodes_prerequisites(sg_rec, sg_stack):
+    for rank, (res, _) in enumerate(ranks(sg_rec)):
+        node = cluster_of(sg_stack)["nodes"][rank]["name"]
         deps = {short(d) for d in res.dependencies}
-        assert {f"{stack}-{node}-preflight", f"{stack}-image-{node}", f"{stack}-checkpoint-{node}",
-                f"{stack}-engram-{node}"} <= deps  # fmt: skip
+        assert {f"{sg_stack}-{node}-preflight", f"{sg_stack}-image-{node}", f"{sg_stack}-checkpoint-{node}",
+                f"{sg_stack}-engram-{node}"} <= deps  # fmt: skip
 
 
 def test_group_revision_equal_on_all_ranks_and_exported(rec):
@@ -146,9 +157,9 @@ def test_image_and_fabric_changes_also_change_revision():
         assert ranks(run_program("tp4", cluster=raw))[3][1][plan.REVISION_LABEL] != old
 
 
-def test_engram_shards_retained_with_revision_triggers(rec, stack):
-    cfg = cluster_of(stack)
-    shards = [rec.named(f"{stack}-engram-{n['name']}") for n in cfg["nodes"]]
+def test_engram_shards_retained_with_revision_triggers(sg_rec, sg_stack):
+    cfg = cluster_of(sg_stack)
+    shards = [sg_rec.named(f"{sg_stack}-engram-{n['name']}") for n in cfg["nodes"]]
     for rank, s in enumerate(shards):
         assert s.retain_on_delete and s.delete_before_replace
         assert s.inputs["triggers"][:3] == [cfg["model"]["revision"], f"tp={len(cfg['nodes'])}", f"rank={rank}"]
@@ -162,9 +173,9 @@ def test_shards_not_retained_when_asked():
     assert not any(r.retain_on_delete for r in rec.of_type(REMOTE))
 
 
-def test_nfs_export_lists_exactly_the_worker_fabric_ips_read_only(rec, stack):
-    cfg = cluster_of(stack)
-    export = rec.named(f"{stack}-checkpoint-export")
+def test_nfs_export_lists_exactly_the_worker_fabric_ips_read_only(sg_rec, sg_stack):
+    cfg = cluster_of(sg_stack)
+    export = sg_rec.named(f"{sg_stack}-checkpoint-export")
     head_provider_host = cfg["nodes"][0]["host"]
     assert reveal(export.inputs["connection"])["host"] == head_provider_host
     line = [ln for ln in export.inputs["create"].splitlines() if "exports.d" in ln and "tee" in ln][0]
@@ -179,15 +190,15 @@ def test_nfs_export_lists_exactly_the_worker_fabric_ips_read_only(rec, stack):
     assert export.delete_before_replace and "rm -f /etc/exports.d/" in export.inputs["delete"]
 
 
-def test_checkpoint_volumes_bind_on_head_nfs_on_workers(rec, stack):
-    cfg = cluster_of(stack)
+def test_checkpoint_volumes_bind_on_head_nfs_on_workers(sg_rec, sg_stack):
+    cfg = cluster_of(sg_stack)
     head_fabric = cfg["nodes"][0]["fabricIp"]
-    export_urn = rec.named(f"{stack}-checkpoint-export").urn
+    export_urn = sg_rec.named(f"{sg_stack}-checkpoint-export").urn
     for rank, node in enumerate(cfg["nodes"]):
-        v = rec.named(f"{stack}-checkpoint-{node['name']}")
-        assert v.provider_urn == provider_of_node(rec, stack, node["name"])
+        v = sg_rec.named(f"{sg_stack}-checkpoint-{node['name']}")
+        assert v.provider_urn == provider_of_node(sg_rec, sg_stack, node["name"])
         opts = v.inputs["driverOpts"]
-        assert v.inputs["name"] == f"{stack}-checkpoint" and v.delete_before_replace
+        assert v.inputs["name"] == f"{sg_stack}-checkpoint" and v.delete_before_replace
         if rank == 0:
             assert opts == {"type": "none", "o": "bind", "device": cfg["model"]["checkpointDir"]}
         else:
@@ -207,7 +218,8 @@ def test_local_share_mode_has_no_export_and_binds_everywhere():
 def test_images_on_every_node_kept_on_destroy(rec, stack):
     images = rec.of_type(IMAGE)
     assert len(images) == len(cluster_of(stack)["nodes"])
-    assert all(i.inputs["keepLocally"] is True and i.inputs["name"] == "lmsysorg/sglang:dev-dsv41" for i in images)
+    image = cluster_of(stack)["image"]
+    assert all(i.inputs["keepLocally"] is True and i.inputs["name"] == image for i in images)
     assert all(i.custom_timeouts.get("create") == "60m" for i in images)
 
 
@@ -221,7 +233,8 @@ def test_readiness_waits_for_all_ranks_and_gets_key_by_env(rec):
 
 
 def test_api_key_file_written_from_stdin_on_the_head(rec, stack):
-    key_cmd = rec.named(f"{stack}-sglang-api-key")
+    (key_cmd,) = [r for r in rec.of_type(REMOTE) if r.name.endswith("-api-key")]
+    assert reveal(key_cmd.inputs["connection"])["host"] == cluster_of(stack)["nodes"][0]["host"]
     assert key_cmd.inputs["stdin"] == Secret(TEST_API_KEY)
     assert key_cmd.inputs["logging"] == "none"
     assert key_cmd.delete_before_replace
@@ -230,24 +243,9 @@ def test_api_key_file_written_from_stdin_on_the_head(rec, stack):
     assert key_cmd.urn in head.dependencies
 
 
-def _plain_strings(value, inside_secret=False):
-    """Yield every string that is *not* under a Secret wrapper."""
-    if isinstance(value, Secret):
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield str(k)
-            yield from _plain_strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _plain_strings(v)
-    elif isinstance(value, str):
-        yield value
-
-
 def test_secrets_never_in_plain_inputs_labels_or_outputs(rec):
     for res in rec.resources:
-        for text in _plain_strings(res.inputs):
+        for text in plain_strings(res.inputs):
             assert TEST_API_KEY not in text, f"API key in plain input of {res.name}"
             assert "not-a-real-key" not in text, f"ssh key in plain input of {res.name}"
         for key in ("create", "update", "delete"):
@@ -255,7 +253,7 @@ def test_secrets_never_in_plain_inputs_labels_or_outputs(rec):
     for res, labels in ranks(rec):
         assert TEST_API_KEY not in json.dumps(labels) and "--api-key" not in res.inputs["command"]
     for name, value in rec.outputs.items():
-        for text in _plain_strings(value):
+        for text in plain_strings(value):
             assert TEST_API_KEY not in text, f"API key in plain output {name}"
     assert isinstance(rec.outputs["api_key"], Secret) and rec.outputs["api_key"].value == TEST_API_KEY
     for text in (m for _, m in rec.logs):
@@ -266,13 +264,13 @@ def test_connections_carry_the_ssh_key_as_a_secret(rec):
     for res in rec.of_type(REMOTE):
         conn = res.inputs["connection"]
         assert reveal(conn)["privateKey"] == TEST_SSH_KEY
-        assert TEST_SSH_KEY not in list(_plain_strings(conn))
+        assert TEST_SSH_KEY not in list(plain_strings(conn))
 
 
 def test_outputs(rec, stack):
     cfg = cluster_of(stack)
     out = rec.outputs
-    assert out["endpoint"] == "http://10.0.0.1:8888/v1"
+    assert out["endpoint"] == f"http://10.0.0.1:{cfg['serving']['port']}/v1"
     assert out["model"] == "deepseek-v4.1-flash"
     assert [n["rank"] for n in out["nodes"]] == list(range(len(cfg["nodes"])))
     assert out["nodes"][0]["role"] == "head" and out["nodes"][1]["container"] == f"{stack}-rank1"
@@ -296,7 +294,7 @@ def _normalized(rec):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("stack_name", STACKS)
+@pytest.mark.parametrize("stack_name", [*STACKS, "sim"])
 def test_deterministic(stack_name):
     assert _normalized(run_program(stack_name)) == _normalized(run_program(stack_name))
 
@@ -307,10 +305,10 @@ def test_preview_mode_registers_the_same_graph():
 
 def test_components_follow_naming_and_tokens(rec, stack):
     comps = [r for r in rec.resources if not r.custom]
+    engine = ("EngramShards", "SglangGroup") if cluster_of(stack)["engine"] == "sglang" else ("VllmRayGroup",)
     assert {r.type for r in comps} == {
         f"deepseek-spark:index:{c}"
-        for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "EngramShards", "SglangGroup",
-                  "Readiness")
+        for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "Readiness", *engine)
     }  # fmt: skip
     by_urn = {r.urn: r for r in rec.resources}
     for r in rec.resources:

@@ -60,10 +60,3 @@ def test_unknown_field_fails_at_preview():
     raw["serving"]["kvPool"] = 1
     with pytest.raises(pulumi.RunError, match=r"cluster\.serving\.kvPool: unknown field"):
         run_program("tp3", cluster=raw, preview=True)
-
-
-def test_vllm_refused_until_built():
-    raw = cluster_of("tp4")
-    raw["engine"] = "vllm"
-    with pytest.raises(pulumi.RunError, match="engine = 'vllm'"):
-        run_program("tp4", cluster=raw)

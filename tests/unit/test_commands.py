@@ -212,3 +212,55 @@ def test_readiness_takes_the_key_from_the_environment():
     cmd = commands.readiness(parse_cluster(cluster_of("tp4")))
     assert cmd.startswith("python3 -m components.probe --url http://10.0.0.1:8888/v1")
     assert f"--key-env {commands.READINESS_KEY_ENV}" in cmd and "--timeout 1800" in cmd
+
+
+def test_vllm_preflight_has_no_engram_or_checkpoint_check_when_downloading(node_env):
+    raw = cluster_of("tp2")
+    raw["model"]["checkpointDir"] = str(node_env / "ckpt")
+    cfg = parse_cluster(raw)
+    script = commands.preflight(cfg, "tp2", 0)
+    assert "engram" not in script and "checkpoint-shards" not in script
+    out = run(script, node_env)
+    assert "ok fabric-speed" in out.stdout
+
+
+@pytest.fixture
+def hf_stub(node_env):
+    """A `docker run ... huggingface-cli download` stand-in that writes N shards into the -v dir."""
+    (node_env / "bin" / "docker").write_text(
+        "#!/bin/sh\n"
+        'echo "$@ token=${HF_TOKEN:-none}" >> "$CALLS"\n'
+        '[ "$1" = run ] || exit 0\n'
+        'for a in "$@"; do case "$a" in *:/download) out=${a%:/download};; esac; done\n'
+        'for i in $(seq 1 "$SHARDS"); do : > "$out/model-$i.safetensors"; done\n'
+    )
+    return node_env
+
+
+def _download_cfg(tmp_path, revision="main"):
+    raw = cluster_of("tp2")
+    raw["model"].update(checkpointDir=str(tmp_path / "weights"), revision=revision)
+    return parse_cluster(raw)
+
+
+def test_download_once_per_revision_token_on_stdin(hf_stub):
+    calls = hf_stub / "calls"
+    script = commands.download(_download_cfg(hf_stub), "tp2")
+    assert "hf_secret" not in script
+    out = run(script, hf_stub, stdin="hf_secret\n", CALLS=str(calls), SHARDS="48")
+    assert out.returncode == 0, out.stderr
+    assert "-e HF_TOKEN" in calls.read_text() and "token=hf_secret" in calls.read_text()
+    assert "download nvidia/DeepSeek-V4.1-Flash-NVFP4 --revision main --local-dir /download" in calls.read_text()
+    again = run(script, hf_stub, stdin="", CALLS=str(calls), SHARDS="48")
+    assert "already in" in again.stdout and calls.read_text().count("run --rm") == 1
+    newer = run(commands.download(_download_cfg(hf_stub, "b" * 40), "tp2"), hf_stub, stdin="", CALLS=str(calls),
+                SHARDS="48")  # fmt: skip
+    assert newer.returncode == 0 and calls.read_text().count("run --rm") == 2
+    assert "token=none" in calls.read_text().splitlines()[-1] and "-e HF_TOKEN" not in calls.read_text().splitlines()[-1]
+
+
+def test_incomplete_download_fails_and_leaves_no_stamp(hf_stub):
+    out = run(commands.download(_download_cfg(hf_stub), "tp2"), hf_stub, stdin="", CALLS=str(hf_stub / "c"),
+              SHARDS="10")  # fmt: skip
+    assert out.returncode == 1 and "10 of 48 safetensors files" in out.stderr
+    assert not (hf_stub / "weights" / ".deepseek-spark-download").exists()

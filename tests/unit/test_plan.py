@@ -139,7 +139,7 @@ def _run_wrapper(tmp_path, env, key=None, sysfs=None):
     key_file = tmp_path / "key"
     if key is not None:
         key_file.write_text(key)
-    script = plan.launch_wrapper(str(key_file), str(sysfs or tmp_path / "no-sysfs"))
+    script = plan.launch_wrapper(key_file=str(key_file), sysfs=str(sysfs or tmp_path / "no-sysfs"))
     out = subprocess.run(
         ["/bin/sh", "-c", script, "sglang-launch", "--tp", "4"],
         env={"PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
@@ -178,3 +178,58 @@ def test_wrapper_finds_the_roce_v2_gid_of_the_node_ip(tmp_path):
 
 def test_wrapper_keeps_a_pinned_gid(tmp_path):
     assert "GID=7" in _run_wrapper(tmp_path, {"NCCL_IB_GID_INDEX": "7", "HOST_IP": "10.0.0.2"})
+
+
+def test_vllm_specs_head_serves_worker_joins():
+    cfg = parse_cluster(cluster_of("tp2"))
+    head, worker = plan.vllm_specs(cfg, "tp2")
+    assert head.container_name == "tp2-rank0" and worker.container_name == "tp2-rank1"
+    assert head.args[0] == "serve" and _flag(head.args, "--gpu-memory-utilization") == "0.85"
+    assert "--max-num-seqs" not in head.args
+    assert worker.args[:4] == ["ray", "start", "--block", "--address"]
+    assert [m.target for m in head.mounts] == [plan.MODEL_MOUNT, plan.API_KEY_MOUNT]
+    assert [m.target for m in worker.mounts] == [plan.MODEL_MOUNT]
+    assert head.env["VLLM_HOST_IP"] == "10.0.0.1" and worker.env["VLLM_HOST_IP"] == "10.0.0.2"
+
+
+def test_vllm_memory_plan_seed_figures():
+    cfg = parse_cluster(cluster_of("tp2"))
+    mp = plan.memory_plan(cfg)
+    r = mp.ranks[0]
+    assert mp.fits and r.weights_gib == 79 and r.kv_gib == pytest.approx(15.0)
+    assert r.static_pool_gib == pytest.approx(0.85 * 121.7)
+    assert r.outside_needed_gib == pytest.approx(12e9 / 2**30)  # the seed's 8-12 GB runtime, high end
+    raw = cluster_of("tp2")
+    raw["serving"]["maxModelLen"] = 65536
+    assert plan.memory_plan(parse_cluster(raw)).ranks[0].kv_gib == pytest.approx(7.5)  # linear in the context
+    high = plan.vllm_memory_plan(cfg, weights="high").ranks[0]
+    assert high.weights_gib == 105 and not high.static_fits
+
+
+def test_vllm_head_wrapper_starts_ray_gates_then_serves(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "log"
+    (bin_dir / "ray").write_text(f'#!/bin/sh\necho "ray $*" >> {log}\n')
+    (bin_dir / "vllm").write_text(f'#!/bin/sh\necho "vllm $* key=$VLLM_API_KEY" >> {log}\n')
+    (bin_dir / "python3").write_text(f'#!/bin/sh\ncat > /dev/null; echo "gate RAY_ADDRESS=$RAY_ADDRESS" >> {log}\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    key = tmp_path / "key"
+    key.write_text("sk-vllm")
+    script = plan.launch_wrapper(plan.VLLM_HEAD_RUN, key="env:VLLM_API_KEY", key_file=str(key),
+                                 sysfs=str(tmp_path / "nosys"))  # fmt: skip
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_PORT": "6379", "VLLM_HOST_IP": "10.0.0.1",
+           "RAY_ADDRESS": "10.0.0.1:6379", "HOST_IP": "10.0.0.1"}  # fmt: skip
+    subprocess.run(["/bin/sh", "-c", script, "vllm-head", "serve", "/m", "--port", "8000"], env=env, check=True)
+    assert log.read_text().splitlines() == [
+        "ray start --head --port 6379 --node-ip-address 10.0.0.1 --num-gpus 1 --disable-usage-stats",
+        "gate RAY_ADDRESS=10.0.0.1:6379",
+        "vllm serve /m --port 8000 key=sk-vllm",
+    ]
+
+
+def test_vllm_gate_code_is_valid_python():
+    code = plan.VLLM_HEAD_RUN.split("<<'GATE'\n", 1)[1].split("GATE\n", 1)[0]
+    compile(code, "gate", "exec")
+    assert 'ray.init(address=os.environ["RAY_ADDRESS"])' in code

@@ -41,7 +41,7 @@ def _tp8(raw):
 
 # rule -> (base stack, mutation that must trip it, field the finding must name)
 FAILING = {
-    "engine-built": ("tp4", _set(["engine"], "vllm"), "engine"),
+    "engine-fields": ("tp4", _set(["serving", "maxModelLen"], 65536), "serving.maxModelLen"),
     "node-count-equals-tp": ("tp4", _set(["serving", "tpSize"], 3), "serving.tpSize"),
     "unique-nodes": ("tp4", _duplicate_host, "nodes[1].host"),
     "fabric-ip-is-ipv4": ("tp4", _set(["nodes", 2, "fabricIp"], "spark3-cx7"), "nodes[2].fabricIp"),
@@ -57,8 +57,26 @@ FAILING = {
     "extra-env-not-managed": ("tp4", _set(["serving", "extraEnv"], {"NODE_RANK": "0"}), "serving.extraEnv.NODE_RANK"),
     "tp3-padding-warning": ("tp3", lambda raw: raw, "serving.tpSize"),
     "dev-image-warning": ("tp4", _set(["image"], "lmsysorg/sglang:dev-dsv41"), "image"),
+    "vllm-weights-range-warning": ("tp2", lambda raw: raw, "serving.maxModelLen"),
+    "pinned-revision-warning": ("tp2", _set(["model", "revision"], "main"), "model.revision"),
 }
-PASSING_BASE = {"tp3-padding-warning": "tp4", "dev-image-warning": "tp4"}
+# rule -> (base stack, mutation) of a config the rule must accept (default: tp4 as it is)
+PASSING = {
+    "dev-image-warning": ("tp4", _set(["image"], "lmsysorg/sglang@sha256:" + "3" * 64)),
+    "vllm-weights-range-warning": ("tp2", lambda raw: _set(["serving", "gpuMemoryUtilization"], 0.88)(
+        _set(["serving", "maxModelLen"], 16384)(raw))),
+    "pinned-revision-warning": ("tp2", _set(["model", "revision"], "a" * 40)),
+}
+# vLLM variants of the engine-aware rules: (mutation of tp2, field the finding must name)
+VLLM_FAILING = {
+    "engine-fields": (_set(["serving", "memFractionStatic"], 0.8), "serving.memFractionStatic"),
+    "node-count-equals-tp": (_set(["serving", "tpSize"], 3), "serving.tpSize"),
+    "memory-plan-fits": (_set(["serving", "maxModelLen"], 1048576), "serving.maxModelLen"),
+    "context-length-supported": (_set(["serving", "maxModelLen"], 2000000), "serving.maxModelLen"),
+    "ports-distinct": (_set(["serving", "rayPort"], 8000), "serving.rayPort"),
+    "extra-args-not-managed": (_set(["serving", "extraArgs"], ["--max-model-len", "8192"]), "serving.extraArgs[0]"),
+    "known-profile": (_set(["model", "profile"], "deepseek-v4.1-flash-mxfp4"), "model.profile"),
+}
 
 
 def _findings(raw, name):
@@ -85,13 +103,43 @@ def test_rule_fails_naming_field_value_and_fix(name):
 
 @pytest.mark.parametrize("name", sorted(FAILING))
 def test_rule_passes_on_a_good_config(name):
-    raw = cluster_of(PASSING_BASE.get(name, "tp4"))
-    if name == "dev-image-warning":
-        raw["image"] = "lmsysorg/sglang@sha256:" + "3" * 64
-    assert _findings(raw, name) == []
+    stack, mutate = PASSING.get(name, ("tp4", lambda raw: raw))
+    assert _findings(mutate(cluster_of(stack)), name) == []
 
 
-@pytest.mark.parametrize("stack", ["tp3", "tp4"])
+@pytest.mark.parametrize("name", sorted(VLLM_FAILING))
+def test_vllm_variant_of_rule_fails(name):
+    mutate, field = VLLM_FAILING[name]
+    found = _findings(mutate(cluster_of("tp2")), name)
+    assert any(f.field == field for f in found), [str(f) for f in found]
+
+
+def test_vllm_stack_has_no_errors_only_the_seed_warnings():
+    errors, warnings = rules.check(parse_cluster(cluster_of("tp2")))
+    assert errors == []
+    assert {w.rule for w in warnings} == {"vllm-weights-range-warning", "pinned-revision-warning"}
+
+
+def test_vllm_memory_fix_says_to_lower_max_model_len_first():
+    raw = _set(["serving", "maxModelLen"], 1048576)(cluster_of("tp2"))
+    (f,) = _findings(raw, "memory-plan-fits")
+    assert "lower serving.maxModelLen first (131072 -> 65536 or 32768" in f.fix
+
+
+def test_missing_sglang_fields_are_reported_alone():
+    raw = cluster_of("tp4")
+    del raw["serving"]["contextLength"]
+    del raw["engram"]
+    errors, _ = rules.check(parse_cluster(raw))
+    assert {e.field for e in errors} == {"serving.contextLength", "engram"}
+
+
+def test_download_needs_a_repo():
+    raw = _set(["model", "source"], "download")(cluster_of("tp4"))
+    assert [f.field for f in _findings(raw, "engine-fields")] == ["model.hfRepo"]
+
+
+@pytest.mark.parametrize("stack", ["tp3", "tp4", "tp2", "sim"])
 def test_seed_stacks_have_no_errors(stack):
     errors, _ = rules.check(parse_cluster(cluster_of(stack)))
     assert errors == []

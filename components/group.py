@@ -1,0 +1,72 @@
+"""Pieces every serving group shares (SglangGroup, VllmRayGroup): the API key file on the head and
+the mapping from a plan.RankSpec to docker.Container inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from . import commands, plan
+from .config import ClusterConfig
+from .node import SparkNode
+
+
+def container_args(spec: plan.RankSpec, revision: str, stack: str, engine: str) -> dict[str, Any]:
+    """docker.Container inputs for one rank (everything but opts), from its RankSpec."""
+    labels = {
+        plan.REVISION_LABEL: revision,
+        "deepseek-spark.stack": stack,
+        "deepseek-spark.rank": str(spec.rank),
+        "deepseek-spark.role": spec.role,
+        "deepseek-spark.engine": engine,
+    }
+    return dict(
+        name=spec.container_name,
+        image=spec.image,
+        entrypoints=spec.entrypoint,
+        command=spec.args,
+        envs=[f"{k}={v}" for k, v in spec.env.items()],
+        labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in sorted(labels.items())],
+        network_mode=spec.network_mode,
+        ipc_mode=spec.ipc_mode,
+        gpus=spec.gpus,
+        devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d, permissions="rwm") for d in spec.devices],
+        capabilities=docker.ContainerCapabilitiesArgs(adds=spec.capabilities),
+        ulimits=[
+            docker.ContainerUlimitArgs(name=n, soft=soft, hard=hard) for n, (soft, hard) in sorted(spec.ulimits.items())
+        ],
+        mounts=[
+            docker.ContainerMountArgs(target=m.target, source=m.source, type=m.type, read_only=m.read_only)
+            for m in spec.mounts
+        ],
+        restart=spec.restart,
+        must_run=True,
+        # The model takes minutes to load: no docker-level wait; Readiness gates `up` instead.
+        wait=False,
+        destroy_grace_seconds=30,
+    )
+
+
+def api_key_file(name: str, cfg: ClusterConfig, stack: str, api_key: Any, head: SparkNode, parent) -> remote.Command:
+    """The API key written from stdin to a 0600 file on the head, mounted read-only into the server."""
+    return remote.Command(
+        name,
+        connection=head.connection,
+        create=commands.api_key_create(cfg, stack),
+        delete=commands.api_key_delete(cfg, stack),
+        stdin=api_key,
+        # A rotated key replaces the file (and, through replace_with, every rank).
+        triggers=[api_key],
+        logging=remote.Logging.NONE,
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            # create and delete touch the same file: delete the old one before writing the new.
+            delete_before_replace=True,
+            # The state dir is created only on a node that passed preflight.
+            depends_on=[head.preflight],
+        ),
+    )
