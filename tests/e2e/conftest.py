@@ -1,11 +1,17 @@
-"""Shared fixtures of the e2e tier: the simulated cluster and a timings report."""
+"""Shared fixtures of the e2e tier: the simulated cluster, a replay per test module, timings."""
 
 import os
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
+from e2e.replay import Replay
 from e2e.timings import TIMINGS
+from harness import ROOT, Secret, cluster_of, run_program
+
+CLUSTER = "sim"  # Pulumi.sim.yaml and Pulumi.sim-tp2.yaml point at this cluster's ssh key and known_hosts
 
 
 def engine_available() -> bool:
@@ -19,6 +25,79 @@ def require_engine() -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def sim():
+    """A fresh 3-node simulated cluster for one test module, deleted afterwards."""
+    require_engine()
+    from sim import adaptations
+    from sim import cluster as sim_cluster
+
+    print(adaptations.describe())
+    t0 = time.monotonic()
+    try:
+        sim_cluster.delete(CLUSTER, log=lambda m: None)
+        sim_cluster.create(CLUSTER, nodes=3)
+        TIMINGS.setdefault("sim create (images cached)", time.monotonic() - t0)
+        yield sim_cluster.ssh_info(CLUSTER)
+    finally:
+        sim_cluster.delete(CLUSTER, log=lambda m: None)
+
+
+@pytest.fixture(scope="module")
+def replay_for(tmp_path_factory):
+    """replay_for(stack) -> a Replay with its own state file, naming nodes in its messages."""
+
+    def make(stack: str) -> Replay:
+        return Replay(
+            state_file=tmp_path_factory.mktemp(f"replay-{stack}") / "state.json",
+            node_names={n["host"]: n["name"] for n in cluster_of(stack)["nodes"]},
+            cwd=ROOT,
+        )
+
+    return make
+
+
+def program(sim, stack: str, **serving):
+    """Register `stack` (with serving overrides) under mocks, with the sim cluster's ssh key."""
+    raw = cluster_of(stack)
+    raw["serving"].update(serving)
+    return run_program(stack, cluster=raw, ssh_key=Path(sim.private_key).read_text())
+
+
+def node_sh(node: str, cmd: str) -> str:
+    out = subprocess.run(["docker", "exec", f"{CLUSTER}-{node}", "sh", "-c", cmd], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def containers_of(stack: str, nodes=("spark1", "spark2", "spark3")) -> dict[str, str]:
+    """This stack's containers on the nodes: name -> id."""
+    out = {}
+    for node in nodes:
+        fmt = "'{{.Names}} {{.ID}}'"
+        for line in node_sh(node, f"docker ps -a --filter label=deepseek-spark.stack={stack} --format {fmt}").splitlines():
+            name, cid = line.split()
+            out[name] = cid
+    return out
+
+
+def openai_client(rec, key=None):
+    import openai
+
+    cc = rec.outputs["client_config"]
+    assert isinstance(cc, Secret), "client_config must be a secret output"
+    cc = cc.value
+    return openai.OpenAI(base_url=cc["base_url"], api_key=key or cc["api_key"], max_retries=0, timeout=30), cc["model"]
+
+
+def ask(rec, key=None) -> str:
+    client, model = openai_client(rec, key)
+    resp = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}], max_tokens=32
+    )
+    return resp.choices[0].message.content
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -11,23 +11,14 @@ from pathlib import Path
 import openai
 import pytest
 
-from e2e.conftest import require_engine
+from e2e.conftest import CLUSTER, ask, containers_of, node_sh, openai_client, program
+from e2e.replay import CONTAINER, ReplayError
 from e2e.timings import TIMINGS
-from e2e.replay import CONTAINER, Replay, ReplayError
-from harness import ROOT, Secret, cluster_of, run_program
-from sim import adaptations as sim_adaptations
+from harness import cluster_of
 from sim import cluster as sim_cluster
 
 pytestmark = pytest.mark.e2e
-CLUSTER = "sim"  # Pulumi.sim.yaml points at this cluster's ssh key and known_hosts
-
-
-def node_sh(node: str, cmd: str) -> str:
-    import subprocess
-
-    out = subprocess.run(["docker", "exec", f"{CLUSTER}-{node}", "sh", "-c", cmd], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+STACK = "sim"
 
 
 def shard_mtimes() -> dict[str, str]:
@@ -40,63 +31,17 @@ def shard_mtimes() -> dict[str, str]:
 
 
 def rank_containers() -> dict[str, str]:
-    """rank container name -> container id, over all nodes."""
-    out = {}
-    for node in ("spark1", "spark2", "spark3"):
-        for line in node_sh(node, "docker ps -a --filter label=deepseek-spark.stack=sim --format '{{.Names}} {{.ID}}'").splitlines():
-            name, cid = line.split()
-            out[name] = cid
-    return out
+    return containers_of(STACK)
 
 
 @pytest.fixture(scope="module")
-def sim():
-    require_engine()
-    t0 = time.monotonic()
-    try:
-        sim_cluster.delete(CLUSTER, log=lambda m: None)
-        sim_cluster.create(CLUSTER, nodes=3)
-        TIMINGS["sim create (images cached)"] = time.monotonic() - t0
-        yield sim_cluster.ssh_info(CLUSTER)
-    finally:
-        sim_cluster.delete(CLUSTER, log=lambda m: None)
-
-
-@pytest.fixture(scope="module")
-def replay(sim, tmp_path_factory):
-    print(sim_adaptations.describe())
-    return Replay(
-        state_file=tmp_path_factory.mktemp("replay") / "state.json",
-        node_names={n["host"]: n["name"] for n in cluster_of("sim")["nodes"]},
-        cwd=ROOT,
-    )
-
-
-def program(sim, **serving):
-    raw = cluster_of("sim")
-    raw["serving"].update(serving)
-    key = Path(sim.private_key).expanduser().read_text()
-    return run_program("sim", cluster=raw, ssh_key=key)
-
-
-def client_from_outputs(rec, key=None):
-    cc = rec.outputs["client_config"]
-    assert isinstance(cc, Secret)
-    cc = cc.value
-    return openai.OpenAI(base_url=cc["base_url"], api_key=key or cc["api_key"], max_retries=0, timeout=30), cc["model"]
-
-
-def ask(rec):
-    client, model = client_from_outputs(rec)
-    resp = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}], max_tokens=32
-    )
-    return resp.choices[0].message.content
+def replay(replay_for):
+    return replay_for(STACK)
 
 
 @pytest.fixture(scope="module")
 def first(sim, replay):
-    rec = program(sim)
+    rec = program(sim, STACK)
     t0 = time.monotonic()
     steps = replay.up(rec)
     answer = ask(rec)
@@ -121,14 +66,14 @@ def test_first_replay_creates_everything_and_answers(first):
 
 def test_streaming_and_auth_through_client_config(first):
     rec = first[0]
-    client, model = client_from_outputs(rec)
+    client, model = openai_client(rec)
     stream = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}], max_tokens=32, stream=True
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert "42" in text
     assert [m.id for m in client.models.list()] == [model]
-    bad, _ = client_from_outputs(rec, key="sk-wrong")
+    bad, _ = openai_client(rec, key="sk-wrong")
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8)
 
@@ -136,7 +81,7 @@ def test_streaming_and_auth_through_client_config(first):
 def test_second_replay_changes_nothing(sim, replay, first):
     before_shards, before_ranks = shard_mtimes(), rank_containers()
     t0 = time.monotonic()
-    steps = replay.up(program(sim))
+    steps = replay.up(program(sim, STACK))
     TIMINGS["replay: no-op up"] = time.monotonic() - t0
     assert [s.name for s in steps if s.op != "same"] == []
     assert shard_mtimes() == before_shards
@@ -145,7 +90,7 @@ def test_second_replay_changes_nothing(sim, replay, first):
 
 def test_serving_change_replaces_every_rank_workers_first(sim, replay, first):
     before_shards, before_ranks = shard_mtimes(), rank_containers()
-    rec = program(sim, maxRunningRequests=2)
+    rec = program(sim, STACK, maxRunningRequests=2)
     t0 = time.monotonic()
     steps = replay.up(rec)
     changed = {s.name: s.op for s in steps if s.op != "same"}
@@ -166,7 +111,7 @@ def test_serving_change_replaces_every_rank_workers_first(sim, replay, first):
 
 def test_worker_lost_mid_replay_then_converges(sim, replay, first):
     before_shards = shard_mtimes()
-    rec = program(sim, maxRunningRequests=3)
+    rec = program(sim, STACK, maxRunningRequests=3)
 
     def lose_spark2(step):
         if step.op == "replace" and step.name == "sim-sglang-rank1":
