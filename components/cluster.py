@@ -14,9 +14,10 @@ from .engram import EngramShards, EngramShardsArgs
 from .image import ServingImage, ServingImageArgs
 from .node import SparkNode, SparkNodeArgs
 from .readiness import Readiness, ReadinessArgs
-from .sglang import SglangGroup, SglangGroupArgs
+from .group import GroupArgs
+from .sglang import SglangGroup
 from .share import CheckpointShare, CheckpointShareArgs
-from .vllm import VllmRayGroup, VllmRayGroupArgs
+from .vllm import VllmRayGroup
 
 
 def client_config(endpoint: str, model: str, api_key: str) -> dict:
@@ -73,11 +74,11 @@ class DeepSeekCluster(pulumi.ComponentResource):
             for rank, shard in enumerate(self.engram.shards):
                 ready_on_node[rank].append(shard)
             self.group = SglangGroup(
-                f"{name}-sglang", SglangGroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
+                f"{name}-sglang", GroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
             )
         else:
             self.group = VllmRayGroup(
-                f"{name}-vllm", VllmRayGroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
+                f"{name}-vllm", GroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
             )
         self.readiness = Readiness(
             f"{name}-readiness", ReadinessArgs(cfg, s.api_key, self.group.revision, self.group.ranks), child

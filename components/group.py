@@ -3,6 +3,7 @@ the mapping from a plan.RankSpec to docker.Container inputs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -12,6 +13,17 @@ from pulumi_command import remote
 from . import commands, plan
 from .config import ClusterConfig
 from .node import SparkNode
+
+
+@dataclass(frozen=True)
+class GroupArgs:
+    """Inputs of a serving group component (SglangGroup, VllmRayGroup)."""
+
+    cfg: ClusterConfig
+    stack: str
+    api_key: Any  # secret Output[str]
+    nodes: list[SparkNode]
+    ready_on_node: list[list[pulumi.Resource]] = field(default_factory=list)  # per rank: what must exist first
 
 
 def container_args(spec: plan.RankSpec, revision: str, stack: str, engine: str) -> dict[str, Any]:

@@ -8,25 +8,13 @@ group never restarts one rank alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
 import pulumi_docker as docker
 
 from . import plan
-from .config import ClusterConfig
-from .group import api_key_file, container_args
-from .node import SparkNode
-
-
-@dataclass(frozen=True)
-class SglangGroupArgs:
-    cfg: ClusterConfig
-    stack: str
-    api_key: Any  # secret Output[str]
-    nodes: list[SparkNode]
-    ready_on_node: list[list[pulumi.Resource]] = field(default_factory=list)  # per rank: what must exist first
+from .group import GroupArgs, api_key_file, container_args
 
 
 class SglangGroup(pulumi.ComponentResource):
@@ -34,7 +22,7 @@ class SglangGroup(pulumi.ComponentResource):
 
     revision: str
 
-    def __init__(self, name: str, args: SglangGroupArgs, opts: Optional[pulumi.ResourceOptions] = None):
+    def __init__(self, name: str, args: GroupArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:SglangGroup", name, None, opts)
         cfg, stack, nodes = args.cfg, args.stack, args.nodes
         specs = plan.rank_specs(cfg, stack)
