@@ -26,6 +26,9 @@ ADAPTATIONS: list[Adaptation] = [
     Adaptation("engine is the sglang-sim TEST DOUBLE (image sglang-sim:test-double): same flags, rank "
                "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
+    Adaptation("engine vllm runs the vllm-sim TEST DOUBLE (image vllm-sim:test-double, same image): `ray start` "
+               "is a TCP node registry, `vllm serve` checks Ray's alive GPUs like vLLM, same fake API; no NCCL",
+               "no GPU, no vLLM or Ray wheels for the simulated nodes", "sim/testdouble"),
     Adaptation("tiny fake checkpoint (4 shards + a small engram table) and memory profile sim-test-double",
                "no real checkpoint", "sim/, components/plan.py PROFILES"),
     Adaptation("nvidia-smi, ethtool, ibdev2netdev and /dev/infiniband are stand-ins on each node; "

@@ -9,7 +9,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sim", description="simulated DGX Spark cluster (dspark-sim)")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build/cache the node and sglang-sim test-double images")
+    sub.add_parser("build", help="build/cache the node image and the engine TEST DOUBLE image (sglang-sim + vllm-sim)")
     c = sub.add_parser("create", help="create the cluster (idempotent)")
     c.add_argument("--name", default="sim")
     c.add_argument("--nodes", type=int, default=3)

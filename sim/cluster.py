@@ -203,7 +203,7 @@ class ClusterInfo:
             lines.append(f"  {n.name:8s} {n.ip:15s} container {n.container}")
         lines += [f"  ssh key      {self.ssh.private_key}", f"  known_hosts  {self.ssh.known_hosts}",
                   f"  ssh config   {self.ssh.ssh_config}   (ssh -F {self.ssh.ssh_config} spark1)",
-                  f"  engine image {self.engine_image} (TEST DOUBLE) loaded on every node"]
+                  f"  engine image {', '.join(images.ENGINE_IMAGES)} (one TEST DOUBLE image) loaded on every node"]
         if self.timings:
             lines.append("  timings      " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()))
         return "\n".join(lines)
@@ -211,7 +211,8 @@ class ClusterInfo:
     def to_json(self) -> dict:
         d = {"name": self.name, "network": self.network, "subnet": self.subnet,
              "nodes": [asdict(n) for n in self.nodes], "node_image": self.node_image,
-             "engine_image": self.engine_image, "timings": self.timings}
+             "engine_image": self.engine_image, "engine_images": list(images.ENGINE_IMAGES),
+             "timings": self.timings}
         d["ssh"] = self.ssh.to_json()
         return d
 
@@ -361,8 +362,9 @@ def _host_keys(n: NodeInfo) -> list[str]:
 
 
 def _load_engine_image(n: NodeInfo, tar: Path, want_id: str) -> str:
-    r = backend.exec_in(n.container, "docker", "image", "inspect", "--format", "{{.Id}}", images.ENGINE_IMAGE)
-    if r.returncode == 0 and r.stdout.strip() == want_id:
+    """Load the engine image (all names in ``images.ENGINE_IMAGES``) unless every name is current."""
+    r = backend.exec_in(n.container, "docker", "image", "inspect", "--format", "{{.Id}}", *images.ENGINE_IMAGES)
+    if r.returncode == 0 and r.stdout.split() == [want_id] * len(images.ENGINE_IMAGES):
         return "present"
     with open(tar, "rb") as f:
         pr = subprocess.run([backend.docker_bin(), "exec", "-i", n.container, "docker", "load"], stdin=f,
@@ -449,6 +451,14 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
                 backend.docker("start", n.container, check=False)
             _parallel(lambda n: _wait_node(n, timeout), existing)
             sshi = _finish(name, existing, log)
+        # engine images built after the cluster was created (e.g. vllm-sim) reach its nodes too
+        images.ensure_engine_image(log)
+        tar = images.engine_image_tar(log)
+        want_id = backend.image_id(images.ENGINE_IMAGE)
+        t2 = time.monotonic()
+        res = _parallel(lambda n: (_wait_node(n, timeout), _load_engine_image(n, tar, want_id))[1], existing)
+        timings["engine_image_load"] = time.monotonic() - t2
+        log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(existing, res)))
         timings["total"] = time.monotonic() - t0
         return ClusterInfo(name, p.network, p.subnet, existing, sshi, images.node_image_tag(), timings=timings)
 
@@ -471,7 +481,7 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
         t2 = time.monotonic()
         res = _parallel(lambda n: _load_engine_image(n, tar, want_id), p.nodes)
         timings["engine_image_load"] = time.monotonic() - t2
-        log(f"  {images.ENGINE_IMAGE}: " + ", ".join(f"{n.name} {r}" for n, r in zip(p.nodes, res)))
+        log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(p.nodes, res)))
         t3 = time.monotonic()
         sshi = _finish(name, p.nodes, log)
         timings["ssh"] = time.monotonic() - t3
@@ -542,7 +552,7 @@ def status(name: str = DEFAULT_CLUSTER) -> dict:
             d["docker"] = backend.exec_in(n.container, "docker", "info", "--format", "{{.ServerVersion}}",
                                           timeout=30).returncode == 0
             d["engine_image"] = d["docker"] and backend.exec_in(
-                n.container, "docker", "image", "inspect", images.ENGINE_IMAGE, timeout=30).returncode == 0
+                n.container, "docker", "image", "inspect", *images.ENGINE_IMAGES, timeout=30).returncode == 0
         return d
 
     rows = _parallel(one, nodes) if nodes else []
@@ -556,7 +566,7 @@ def format_status(st: dict) -> str:
         return f"cluster {st['cluster']!r}: does not exist"
     yn = lambda b: "ok" if b else "NO"  # noqa: E731
     lines = [f"cluster {st['cluster']!r}: {'healthy' if st['healthy'] else 'NOT healthy'}",
-             f"  {'node':8s} {'ip':15s} {'container':10s} {'ssh':4s} {'docker':6s} {images.ENGINE_IMAGE}"]
+             f"  {'node':8s} {'ip':15s} {'container':10s} {'ssh':4s} {'docker':6s} {' + '.join(images.ENGINE_IMAGES)}"]
     for r in st["nodes"]:
         lines.append(f"  {r['node']:8s} {r['ip']:15s} {r['state']:10s} {yn(r['ssh']):4s} {yn(r['docker']):6s} "
                      f"{yn(r['engine_image'])}")

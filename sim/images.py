@@ -4,9 +4,10 @@
   the debootstrap recipe (suite, variant, packages, cleanup) -- debootstrap is the slow part;
 * base images ``dspark-sim-<kind>-base:<key>``: the tarball imported with ``docker import --change``;
 * final images: base + a small overlay layer (stand-ins, entrypoint, test-double code) committed
-  as ``dspark-sim-node:<hash>`` and ``sglang-sim:td-<hash>`` (also tagged ``sglang-sim:test-double``),
-  where ``hash`` covers the rootfs key and every overlay byte, so a rebuild happens only when an
-  input changes.
+  as ``dspark-sim-node:<hash>`` and ``sglang-sim:td-<hash>``, where ``hash`` covers the rootfs key and
+  every overlay byte, so a rebuild happens only when an input changes. The engine image holds both
+  TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve`` + ``ray``) and is tagged
+  ``sglang-sim:test-double`` and ``vllm-sim:test-double`` (one image ID, ``ENGINE_IMAGES``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ SUITE = "bookworm"
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"
 ENGINE_IMAGE = "sglang-sim:test-double"
+VLLM_IMAGE = "vllm-sim:test-double"
+ENGINE_IMAGES = (ENGINE_IMAGE, VLLM_IMAGE)  # one image, two names; saved together, loaded together
 RECIPE_VERSION = "3"  # bump when build_rootfs's commands change
 FIXED_MTIME = 1735689600  # 2025-01-01T00:00:00Z: deterministic tars
 CLEANUP = [
@@ -187,7 +190,8 @@ def node_overlay(rootfs_key: str) -> Overlay:
 def engine_overlay(rootfs_key: str) -> Overlay:
     ov = Overlay()
     pkg = "usr/lib/python3/dist-packages"
-    for name in ("__init__.py", "flags.py", "server.py", "engram.py", "launch_server.py"):
+    for name in ("__init__.py", "flags.py", "openai_api.py", "server.py", "engram.py", "launch_server.py",
+                 "ray_sim.py", "vllm_serve.py"):
         ov.add(f"{pkg}/dspark_testdouble/{name}", (TESTDOUBLE / name).read_bytes())
     ov.add(f"{pkg}/sglang/__init__.py",
            b'"""TEST DOUBLE: sglang-sim (dspark-sim). This is NOT SGLang."""\n__version__ = "0.0.0+test-double"\n')
@@ -195,19 +199,43 @@ def engine_overlay(rootfs_key: str) -> Overlay:
            b'"""TEST DOUBLE of sglang.launch_server (dspark-sim); see dspark_testdouble.server."""\n'
            b"import sys\n\nfrom dspark_testdouble.server import main\n\n"
            b'if __name__ == "__main__":\n    sys.exit(main(engine="sglang"))\n')
+    ov.add(f"{pkg}/ray/__init__.py", RAY_SHIM.format(pkg="dspark_testdouble").encode())
+    ov.add(f"{pkg}/vllm/__init__.py",
+           b'"""TEST DOUBLE: vllm-sim (dspark-sim). This is NOT vLLM; the CLI is `vllm serve`."""\n'
+           b"from dspark_testdouble.vllm_serve import __version__  # noqa: F401\n")
+    ov.add("usr/local/bin/vllm", CLI_SCRIPT.format(what="vllm", mod="vllm_serve", fn="main").encode(), 0o755)
+    ov.add("usr/local/bin/ray", CLI_SCRIPT.format(what="ray", mod="ray_sim", fn="cli_main").encode(), 0o755)
     ov.add("opt/dsv41/scripts/pack_engram.py",
            b"#!/usr/bin/python3\n# TEST DOUBLE engram packer (dspark-sim); see dspark_testdouble.engram.\n"
            b"import sys\n\nfrom dspark_testdouble.engram import main\n\n"
            b'if __name__ == "__main__":\n    sys.exit(main())\n', 0o755)
     ov.add("etc/dspark-sim-version",
-           f"sglang-sim test-double image v{SIM_VERSION} rootfs {rootfs_key}\n".encode())
+           f"sglang-sim/vllm-sim test-double image v{SIM_VERSION} rootfs {rootfs_key}\n".encode())
     ov.changes = [
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "ENV PYTHONUNBUFFERED=1",
         'CMD ["/bin/sh"]',
-        "LABEL deepseek-spark.sim.image=sglang-sim deepseek-spark.sim.test-double=true",
+        "LABEL deepseek-spark.sim.image=sglang-sim deepseek-spark.sim.test-double=true "
+        "deepseek-spark.sim.engines=sglang,vllm",
     ]
     return ov
+
+
+# `import ray` in the engine image (unit tests write the same shim with pkg="sim.testdouble")
+RAY_SHIM = '''"""TEST DOUBLE: ray-sim (dspark-sim). This is NOT Ray; see {pkg}.ray_sim."""
+from {pkg}.ray_sim import (__version__, address, available_resources, cluster_resources,  # noqa: F401
+                           init, is_initialized, nodes, shutdown)
+'''
+
+CLI_SCRIPT = '''#!/usr/bin/python3
+# TEST DOUBLE `{what}` CLI (dspark-sim); see dspark_testdouble.{mod}. This is NOT the real {what}.
+import sys
+
+from dspark_testdouble.{mod} import {fn}
+
+if __name__ == "__main__":
+    sys.exit({fn}())
+'''
 
 
 def image_tag(repo: str, rootfs: RootfsSpec, overlay: Overlay) -> str:
@@ -311,30 +339,41 @@ def ensure_node_image(log=print) -> str:
 
 
 def ensure_engine_image(log=print) -> str:
+    """Build (or find) the engine image and point every name in ``ENGINE_IMAGES`` at it."""
     tag = engine_image_tag()
+    names = ", ".join(ENGINE_IMAGES)
     if not backend.image_id(tag):
         base = ensure_base(ENGINE_ROOTFS, log)
-        commit_overlay(base, engine_overlay(ENGINE_ROOTFS.key()), [tag, ENGINE_IMAGE])
-        log(f"image {tag} ({ENGINE_IMAGE}): built")
+        commit_overlay(base, engine_overlay(ENGINE_ROOTFS.key()), [tag, *ENGINE_IMAGES])
+        log(f"image {tag} ({names}): built")
     else:
-        if backend.image_id(ENGINE_IMAGE) != backend.image_id(tag):
-            backend.docker("tag", tag, ENGINE_IMAGE)
-        log(f"image {tag} ({ENGINE_IMAGE}): cached")
+        want = backend.image_id(tag)
+        for name in ENGINE_IMAGES:
+            if backend.image_id(name) != want:
+                backend.docker("tag", tag, name)
+        log(f"image {tag} ({names}): cached")
     return ENGINE_IMAGE
 
 
+def engine_tar_name(iid: str) -> str:
+    return f"engine-sim-{iid.split(':')[-1][:16]}.tar"
+
+
 def engine_image_tar(log=print) -> Path:
-    """``docker save`` of the engine image, cached by image ID."""
+    """``docker save`` of the engine image under all its names (``ENGINE_IMAGES``), cached by image ID."""
     iid = backend.image_id(ENGINE_IMAGE)
     if not iid:
         raise RuntimeError(f"{ENGINE_IMAGE} missing; run `python -m sim build`")
-    out = cache_dir() / "images" / f"sglang-sim-{iid.split(':')[-1][:16]}.tar"
+    for name in ENGINE_IMAGES[1:]:
+        if backend.image_id(name) != iid:
+            raise RuntimeError(f"{name} is not the same image as {ENGINE_IMAGE}; run `python -m sim build`")
+    out = cache_dir() / "images" / engine_tar_name(iid)
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".partial")
-        backend.docker("save", "-o", str(tmp), ENGINE_IMAGE)
+        backend.docker("save", "-o", str(tmp), *ENGINE_IMAGES)
         os.replace(tmp, out)
-        log(f"saved {ENGINE_IMAGE} to {out}")
+        log(f"saved {', '.join(ENGINE_IMAGES)} to {out}")
     return out
 
 
@@ -351,13 +390,13 @@ def build_all(log=print) -> dict:
     engine = ensure_engine_image(log)
     engine_image_tar(log)
     prune_stale(log)
-    return {"node_image": node, "engine_image": engine, "engine_image_id": backend.image_id(engine),
-            "seconds": round(time.monotonic() - t0, 1)}
+    return {"node_image": node, "engine_image": engine, "engine_images": list(ENGINE_IMAGES),
+            "engine_image_id": backend.image_id(engine), "seconds": round(time.monotonic() - t0, 1)}
 
 
 def prune_stale(log=print) -> list[str]:
     """Drop sim image tags and cached tarballs of older inputs (images in use are kept)."""
-    keep = {node_image_tag(), engine_image_tag(), ENGINE_IMAGE,
+    keep = {node_image_tag(), engine_image_tag(), *ENGINE_IMAGES,
             f"dspark-sim-node-base:{NODE_ROOTFS.key()}", f"dspark-sim-engine-base:{ENGINE_ROOTFS.key()}"}
     r = backend.docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False)
     removed = []
@@ -370,7 +409,7 @@ def prune_stale(log=print) -> list[str]:
     keep_files = {rootfs_path(NODE_ROOTFS).name, rootfs_path(ENGINE_ROOTFS).name}
     iid = backend.image_id(ENGINE_IMAGE)
     if iid:
-        keep_files.add(f"sglang-sim-{iid.split(':')[-1][:16]}.tar")
+        keep_files.add(engine_tar_name(iid))
     for sub in ("rootfs", "images"):
         d = cache_dir() / sub
         for p in d.glob("*.tar") if d.is_dir() else []:

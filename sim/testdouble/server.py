@@ -11,54 +11,30 @@ starting with ``/health`` needs ``Authorization: Bearer <key>``. Workers serve a
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import time
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-from . import flags
+from . import flags, openai_api
+from .openai_api import answer_for, message_text  # noqa: F401  (re-exported: shared with vllm-sim)
 
 HEARTBEAT_S = 2.0
 PEER_TIMEOUT_S = 10.0
-FIXED_ANSWER = "This is the sglang-sim test double; it does not run a model."
-
-
-_LOG_LOCK = threading.Lock()
+FIXED_ANSWER = openai_api.fixed_answer("sglang")
 
 
 def log(engine: str, rank: int, msg: str) -> None:
-    with _LOG_LOCK:  # one whole line per event, never interleaved between threads
-        sys.stdout.write(f"[{engine}-sim test-double rank {rank}] {msg}\n")
-        sys.stdout.flush()
+    openai_api.emit(f"{engine}-sim test-double rank {rank}", msg)
 
 
 def die(engine: str, rank: int, msg: str, code: int = 1) -> None:
     log(engine, rank, msg)
     sys.stdout.flush()
     os._exit(code)
-
-
-def answer_for(text: str) -> str:
-    if "19" in text and "23" in text and "+" in text:
-        return "42"
-    return FIXED_ANSWER
-
-
-def message_text(messages) -> str:
-    parts = []
-    for m in messages or []:
-        c = m.get("content") if isinstance(m, dict) else None
-        if isinstance(c, str):
-            parts.append(c)
-        elif isinstance(c, list):
-            parts.extend(p.get("text", "") for p in c if isinstance(p, dict))
-    return "\n".join(parts)
 
 
 class Group:
@@ -189,102 +165,27 @@ class Group:
 
 
 def make_handler(args, group: Group, engine: str):
-    model_name = args.served_model_name or args.model_path or "default"
-    api_key = args.api_key
     full_api = args.node_rank == 0
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = f"{engine}-sim-test-double"
-        protocol_version = "HTTP/1.1"
+    def pre_route(h, method: str, path: str) -> bool:
+        if path.startswith("/health"):
+            if group.formed.is_set() or not full_api:
+                h.send_json(200, {"status": "ok", "rank": args.node_rank})
+            else:
+                h.send_json(503, {"status": "waiting for ranks", "rank": 0})
+        elif not full_api:
+            h.send_json(404, {"error": "worker rank serves /health only"})
+        elif not group.formed.is_set():
+            h.send_json(503, {"error": "rank group not formed yet"})
+        else:
+            return False
+        return True
 
-        def log_message(self, fmt, *a):  # one line per request only at debug level
-            if (args.log_level or "").lower() == "debug":
-                group.log("http " + (fmt % a))
-
-        def _json(self, code: int, obj) -> None:
-            body = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _authorized(self) -> bool:
-            if self.path.startswith("/health") or not api_key:
-                return True
-            return self.headers.get("Authorization", "") == f"Bearer {api_key}"
-
-        def _route(self, method: str) -> None:
-            path = self.path.split("?", 1)[0]
-            if not self._authorized():
-                return self._json(401, {"error": "Unauthorized"})
-            if path.startswith("/health"):
-                if group.formed.is_set() or not full_api:
-                    return self._json(200, {"status": "ok", "rank": args.node_rank})
-                return self._json(503, {"status": "waiting for ranks", "rank": 0})
-            if not full_api:
-                return self._json(404, {"error": "worker rank serves /health only"})
-            if not group.formed.is_set():
-                return self._json(503, {"error": "rank group not formed yet"})
-            if path == "/v1/models" and method == "GET":
-                return self._json(200, {"object": "list", "data": [
-                    {"id": model_name, "object": "model", "created": 0, "owned_by": "sglang-sim-test-double",
-                     "root": args.model_path, "max_model_len": int(args.context_length or 0) or None}]})
-            if path == "/v1/chat/completions" and method == "POST":
-                return self._chat()
-            return self._json(404, {"error": f"no route {method} {path}"})
-
-        def _chat(self) -> None:
-            n = int(self.headers.get("Content-Length") or 0)
-            try:
-                req = json.loads(self.rfile.read(n) or b"{}")
-            except json.JSONDecodeError:
-                return self._json(400, {"error": "invalid JSON"})
-            text = message_text(req.get("messages"))
-            answer = answer_for(text)
-            usage = {"prompt_tokens": max(1, len(re.findall(r"\S+", text))),
-                     "completion_tokens": len(answer.split()),
-                     "total_tokens": 0}
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-            cid, created = "chatcmpl-sim-" + uuid.uuid4().hex[:16], int(time.time())
-            model = req.get("model") or model_name
-            if not req.get("stream"):
-                return self._json(200, {
-                    "id": cid, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
-                                 "finish_reason": "stop", "logprobs": None}],
-                    "usage": usage})
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
-
-            def chunk(delta, finish=None, use=None):
-                obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-                if use is not None:
-                    obj["choices"], obj["usage"] = [], use
-                self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-                self.wfile.flush()
-
-            chunk({"role": "assistant", "content": ""})
-            for i, word in enumerate(answer.split(" ")):
-                chunk({"content": word if i == 0 else " " + word})
-            chunk({}, finish="stop")
-            if (req.get("stream_options") or {}).get("include_usage"):
-                chunk({}, use=usage)
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-
-        def do_GET(self):
-            self._route("GET")
-
-        def do_POST(self):
-            self._route("POST")
-
-    return Handler
+    return openai_api.make_handler(openai_api.Api(
+        engine=engine, model_names=[args.served_model_name or args.model_path or "default"],
+        root=args.model_path, max_model_len=int(args.context_length or 0) or None, api_key=args.api_key,
+        guarded=lambda path: not path.startswith("/health"), pre_route=pre_route, log=group.log,
+        debug=(args.log_level or "").lower() == "debug"))
 
 
 def main(argv: list[str] | None = None, engine: str = "sglang") -> int:

@@ -6,12 +6,11 @@ import os
 import shlex
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from sim_helpers import http, ssh, wait_for
 
 from sim import cluster
 
@@ -20,41 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sim-test-key"
 DIST_PORT = 20000
 HTTP_PORT = 8888
-
-
-def ssh(info, node, cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    """ssh as pulumi's docker provider does it: explicit key + known_hosts + strict checking."""
-    opts = info.ssh.ssh_opts()
-    r = subprocess.run(["ssh", "-F", "/dev/null", *opts, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "--", f"root@{node.ip}", cmd],
-                       capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert r.returncode == 0, f"{node.name}: {cmd}\n{r.stdout}\n{r.stderr}"
-    return r
-
-
-def http(url, key=None, body=None, timeout=10):
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None)
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return None, str(e)
-
-
-def wait_for(pred, timeout=60.0, step=0.5):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 # ---------------------------------------------------------------------------------- access ----

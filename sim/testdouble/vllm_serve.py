@@ -1,0 +1,179 @@
+"""TEST DOUBLE of ``vllm serve MODEL [flags]`` (dspark-sim), stdlib only. This is NOT vLLM.
+
+1. Flags: ``flags.VLLM_FLAGS`` (strict: unknown flags exit 2, like vLLM's parser).
+2. MODEL must be a directory holding a readable ``config.json``, else exit 1.
+3. Executor: ``--distributed-executor-backend`` (default as vLLM: ``uni`` for tp 1, ``mp`` when tp fits
+   the node's GPUs, else ``ray``; a simulated Spark has 1 GPU, or ``CUDA_VISIBLE_DEVICES``).
+   ``ray``: ``ray.init()`` (``$RAY_ADDRESS`` / the local head), then the same checks as vLLM's
+   ``initialize_ray_cluster``: the alive nodes must offer >= tp GPUs and the current node
+   (``$VLLM_HOST_IP``, else the address used to reach the head) must be an alive node with a GPU;
+   otherwise exit 1 with vLLM's error text. One ``{"GPU": 1}`` bundle per rank, the driver node's first.
+4. HTTP on ``--host:--port`` (only once the executor is up, as vLLM): ``/health`` and ``/ping`` 200
+   with an empty body, ``/version``, ``/v1/models``, ``/v1/chat/completions`` (shared with the SGLang
+   double: ``openai_api``). API key: ``--api-key`` or ``$VLLM_API_KEY``; when set, only paths starting
+   with ``/v1`` need ``Authorization: Bearer <key>`` (401 ``{"error": "Unauthorized"}``), as in vLLM.
+5. Ray executor: every ``DSPARK_VLLM_RAY_POLL_S`` (2 s) the double re-reads ``ray.nodes()``; if a
+   node hosting a rank is no longer alive, or the head is unreachable, it logs which one and exits 1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import ThreadingHTTPServer
+
+from . import flags, openai_api, ray_sim
+
+__version__ = "0.11.0+test-double"
+TAG = "vllm-sim test-double"
+
+
+def log(msg: str) -> None:
+    openai_api.emit(TAG, msg)
+
+
+def die(msg: str, code: int = 1) -> None:
+    log(msg)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def check_model(path: str) -> dict:
+    if not os.path.isdir(path):
+        die(f"ValueError: Invalid repository ID or local directory specified: '{path}'. "
+            "(TEST DOUBLE: MODEL must be a local checkpoint directory; nothing is downloaded)")
+    cfg = os.path.join(path, "config.json")
+    try:
+        with open(cfg) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"ValueError: No usable config.json in local directory '{path}': {e}")
+    return {}
+
+
+def local_gpu_count() -> int:
+    return ray_sim.detect_gpus()
+
+
+def resolve_backend(tp: int, backend: str | None) -> str:
+    gpus = local_gpu_count()
+    if backend is None:
+        backend = "uni" if tp == 1 else ("mp" if tp <= gpus else "ray")
+    if backend in ("mp", "uni") and tp > gpus:
+        die(f"ValueError: World size ({tp}) is larger than the number of available GPUs ({gpus}) in this node. "
+            "If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n"
+            "- multiprocessing, set '--nnodes' appropriately.")
+    if backend == "external_launcher":
+        die("ValueError: --distributed-executor-backend external_launcher is not supported by the TEST DOUBLE")
+    return backend
+
+
+def place_on_ray(tp: int) -> list[dict]:
+    """vLLM's ``initialize_ray_cluster`` checks; returns the node of each rank (driver's first)."""
+    try:
+        ray_sim.init(ignore_reinit_error=True)
+        alive = [n for n in ray_sim.nodes() if n.get("Alive")]
+    except (ConnectionError, OSError, ValueError) as e:
+        die(f"ConnectionError: {e}")
+    addr = ray_sim.address()
+    summary = ", ".join(f"{n['NodeID'][:8]} {n['NodeManagerAddress']} GPU {n['Resources'].get('GPU', 0):g}"
+                        for n in alive)
+    log(f"Ray cluster at {addr}: {len(alive)} alive node(s): {summary}")
+    total = sum(n["Resources"].get("GPU", 0.0) for n in alive)
+    if tp > total:
+        die("ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement "
+            f"group. (required {tp}, the Ray cluster at {addr} has {total:g} on {len(alive)} alive node(s))")
+    current_ip = os.environ.get("VLLM_HOST_IP") or ray_sim.local_ip(ray_sim.split_address(addr)[0])
+    here = [n for n in alive if n["NodeManagerAddress"] == current_ip]
+    res = here[0]["Resources"] if here else {}
+    if not here or res.get("GPU", 0.0) < 1:
+        nid = here[0]["NodeID"] if here else None
+        die(f"ValueError: Current node has no GPU available. current_node_resource={res}. vLLM engine cannot start "
+            f"without GPU. Make sure you have at least 1 GPU available in a node current_node_id={nid} "
+            f"current_ip={current_ip}.")
+    placement: list[dict] = []
+    for n in [here[0]] + [n for n in alive if n is not here[0]]:
+        placement += [n] * int(n["Resources"].get("GPU", 0.0))
+    if len(placement) < tp:
+        die(f"ValueError: Cannot provide a placement group of placement_group_specs={[{'GPU': 1.0}] * tp} within "
+            "the timeout. See `ray status` and `ray list nodes` to make sure the cluster has enough resources.")
+    placement = placement[:tp]
+    log("placement group ready: " + ", ".join(f"rank {r} on {n['NodeID'][:8]} ({n['NodeManagerAddress']})"
+                                             for r, n in enumerate(placement)))
+    return placement
+
+
+def watch_ray(placement: list[dict], every: float) -> None:
+    ranks: dict[str, list[int]] = {}
+    for r, n in enumerate(placement):
+        ranks.setdefault(n["NodeID"], []).append(r)
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in placement}
+    while True:
+        time.sleep(every)
+        try:
+            by_id = {n["NodeID"]: n for n in ray_sim.nodes()}
+        except (ConnectionError, OSError, ValueError) as e:
+            die(f"RayWorkerError: lost the Ray cluster ({e}); engine dead, exiting")
+        lost = [nid for nid in ranks if not by_id.get(nid, {}).get("Alive")]
+        if lost:
+            alive = sum(1 for n in by_id.values() if n.get("Alive"))
+            what = "; ".join(f"node {nid[:8]} ({ips[nid]}) hosting rank(s) {ranks[nid]}: "
+                             f"{by_id.get(nid, {}).get('DeathReasonMessage') or 'not in the cluster'}"
+                             for nid in lost)
+            die(f"RayWorkerError: lost Ray node(s): {what}; {alive} alive node(s) < tensor-parallel-size "
+                f"{len(placement)}; engine dead, exiting")
+
+
+def serve(args) -> int:
+    tp = args.tensor_parallel_size
+    if tp < 1:
+        die(f"ValueError: tensor_parallel_size must be >= 1, got {tp}")
+    names = args.served_model_name or [args.model]
+    log(f"TEST DOUBLE vllm serve {args.model} (served as {', '.join(names)}) tp {tp} "
+        f"backend {args.distributed_executor_backend or 'auto'} kv-cache-dtype {args.kv_cache_dtype} "
+        f"max-model-len {args.max_model_len}")
+    check_model(args.model)
+    backend = resolve_backend(tp, args.distributed_executor_backend)
+    placement = place_on_ray(tp) if backend == "ray" else []
+    log(f"executor {backend} ready: {tp} rank(s)")
+
+    def pre_route(h, method: str, path: str) -> bool:
+        if path in ("/health", "/ping") and method in ("GET", "POST"):
+            h.send_empty(200)
+        elif path == "/version" and method == "GET":
+            h.send_json(200, {"version": __version__})
+        else:
+            return False
+        return True
+
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    handler = openai_api.make_handler(openai_api.Api(
+        engine="vllm", model_names=names, root=args.model, max_model_len=args.max_model_len, api_key=api_key,
+        guarded=lambda path: path.startswith("/v1"), pre_route=pre_route, check_model=True, log=log,
+        debug=args.uvicorn_log_level in ("debug", "trace")))
+    try:
+        httpd = ThreadingHTTPServer((args.host, args.port), handler)
+    except OSError as e:
+        die(f"OSError: cannot bind {args.host}:{args.port}: {e}")
+    httpd.daemon_threads = True
+    if placement:
+        every = float(os.environ.get("DSPARK_VLLM_RAY_POLL_S", "2"))
+        threading.Thread(target=watch_ray, args=(placement, every), daemon=True).start()
+    log(f"ready: serving OpenAI API for model {', '.join(names)} on http://{args.host}:{args.port} "
+        f"(API key {'required on /v1' if api_key else 'not set'})")
+    httpd.serve_forever()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = flags.build_vllm_cli(__version__).parse_args(
+        flags.normalize_vllm_argv(sys.argv[1:] if argv is None else argv))
+    signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM received, shutting down", 0))
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
