@@ -233,3 +233,20 @@ def test_vllm_gate_code_is_valid_python():
     code = plan.VLLM_HEAD_RUN.split("<<'GATE'\n", 1)[1].split("GATE\n", 1)[0]
     compile(code, "gate", "exec")
     assert 'ray.init(address=os.environ["RAY_ADDRESS"])' in code
+
+
+def test_vllm_head_does_not_serve_when_the_ray_gate_fails(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "log"
+    (bin_dir / "ray").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "python3").write_text("#!/bin/sh\ncat > /dev/null; exit 1\n")  # only 1/2 nodes joined
+    (bin_dir / "vllm").write_text(f"#!/bin/sh\necho served >> {log}\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    script = plan.launch_wrapper(plan.VLLM_HEAD_RUN, key=None, sysfs=str(tmp_path / "nosys"))
+    out = subprocess.run(["/bin/sh", "-c", script, "vllm-head", "serve", "/m"],
+                         env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_PORT": "6379", "VLLM_HOST_IP": "10.0.0.1"},
+                         capture_output=True)  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert not log.exists()
