@@ -62,6 +62,34 @@ def container_args(spec: plan.RankSpec, revision: str, stack: str, engine: str) 
     )
 
 
+def rank_container(
+    name: str,
+    spec: plan.RankSpec,
+    revision: str,
+    args: GroupArgs,
+    engine: str,
+    depends_on: list[pulumi.Resource],
+    key_file: remote.Command,
+    parent: pulumi.Resource,
+) -> docker.Container:
+    """One rank's container on its node, with the lifecycle every serving group needs."""
+    return docker.Container(
+        name,
+        **container_args(spec, revision, args.stack, engine),
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            provider=args.nodes[spec.rank].docker,
+            # Fixed container name and host ports: the old rank must be gone before the new one starts.
+            delete_before_replace=True,
+            # The group's start order (see each group) plus this node's preflight, image, volume, shard.
+            depends_on=[*(args.ready_on_node[spec.rank] if args.ready_on_node else []), *depends_on],
+            # A new API key must reach the server, and ranks only ever restart as a whole group.
+            replace_with=[key_file],
+            custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="10m"),
+        ),
+    )
+
+
 def api_key_file(name: str, cfg: ClusterConfig, stack: str, api_key: Any, head: SparkNode, parent) -> remote.Command:
     """The API key written from stdin to a 0600 file on the head, mounted read-only into the server."""
     return remote.Command(

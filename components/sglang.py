@@ -14,7 +14,7 @@ import pulumi
 import pulumi_docker as docker
 
 from . import plan
-from .group import GroupArgs, api_key_file, container_args
+from .group import GroupArgs, api_key_file, rank_container
 
 
 class SglangGroup(pulumi.ComponentResource):
@@ -24,33 +24,15 @@ class SglangGroup(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GroupArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:SglangGroup", name, None, opts)
-        cfg, stack, nodes = args.cfg, args.stack, args.nodes
-        specs = plan.rank_specs(cfg, stack)
+        specs = plan.rank_specs(args.cfg, args.stack)
         self.revision = plan.group_revision(specs)
-        self.api_key_file = api_key_file(f"{name}-api-key", cfg, stack, args.api_key, nodes[0], self)
+        self.api_key_file = api_key_file(f"{name}-api-key", args.cfg, args.stack, args.api_key, args.nodes[0], self)
         self.ranks: list[docker.Container] = []
-        workers: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them
-            deps = list(args.ready_on_node[spec.rank]) if args.ready_on_node else []
-            if spec.rank == 0:
-                deps += [self.api_key_file, *workers]
-            container = docker.Container(
-                f"{name}-rank{spec.rank}",
-                **container_args(spec, self.revision, stack, "sglang"),
-                opts=pulumi.ResourceOptions(
-                    parent=self,
-                    provider=nodes[spec.rank].docker,
-                    # Fixed container name and host ports: the old rank must be gone before the new starts.
-                    delete_before_replace=True,
-                    # Rank 0 waits for every worker (workers start first, head is deleted first), and each
-                    # rank for its node's preflight, image, checkpoint volume and engram shard.
-                    depends_on=deps,
-                    # A new API key must reach rank 0, and ranks only ever restart as a whole group.
-                    replace_with=[self.api_key_file],
-                    custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="10m"),
-                ),
+            # Rank 0 waits for every worker: workers start first and the head is deleted first.
+            after = [self.api_key_file, *self.ranks] if spec.rank == 0 else []
+            container = rank_container(
+                f"{name}-rank{spec.rank}", spec, self.revision, args, "sglang", after, self.api_key_file, self
             )
-            if spec.rank > 0:
-                workers.append(container)
             self.ranks.insert(0, container)
         self.register_outputs({"revision": self.revision, "ranks": [c.name for c in self.ranks]})

@@ -64,6 +64,16 @@ def program(sim, stack: str, **serving):
     return run_program(stack, cluster=raw, ssh_key=Path(sim.private_key).read_text())
 
 
+def first_up(sim, replay: Replay, stack: str, label: str):
+    """The scenario's first `up` and one answer through client_config; times it as `label`."""
+    rec = program(sim, stack)
+    t0 = time.monotonic()
+    steps = replay.up(rec)
+    answer = ask(rec)
+    TIMINGS[label] = time.monotonic() - t0
+    return rec, steps, answer
+
+
 def node_sh(node: str, cmd: str) -> str:
     out = subprocess.run(["docker", "exec", f"{CLUSTER}-{node}", "sh", "-c", cmd], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from e2e.conftest import CLUSTER, ask, containers_of, node_sh, openai_client, program
+from e2e.conftest import first_up, CLUSTER, ask, containers_of, node_sh, openai_client, program
 from e2e.replay import CONTAINER, ReplayError
 from e2e.timings import TIMINGS
 from harness import cluster_of
@@ -41,12 +41,7 @@ def replay(replay_for):
 
 @pytest.fixture(scope="module")
 def first(sim, replay):
-    rec = program(sim, STACK)
-    t0 = time.monotonic()
-    steps = replay.up(rec)
-    answer = ask(rec)
-    TIMINGS["replay: first up to first answer"] = time.monotonic() - t0
-    return rec, steps, answer
+    return first_up(sim, replay, STACK, "replay: first up to first answer")
 
 
 def test_stack_file_points_at_the_sim_key(sim):

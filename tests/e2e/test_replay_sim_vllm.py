@@ -10,7 +10,7 @@ import urllib.request
 import openai
 import pytest
 
-from e2e.conftest import ask, containers_of, node_sh, openai_client, program
+from e2e.conftest import first_up, ask, containers_of, node_sh, openai_client, program
 from e2e.replay import CONTAINER
 from e2e.timings import TIMINGS
 
@@ -25,12 +25,7 @@ def replay(replay_for):
 
 @pytest.fixture(scope="module")
 def first(sim, replay):
-    rec = program(sim, STACK)
-    t0 = time.monotonic()
-    steps = replay.up(rec)
-    answer = ask(rec)
-    TIMINGS["replay vllm: first up to first answer"] = time.monotonic() - t0
-    return rec, steps, answer
+    return first_up(sim, replay, STACK, "replay vllm: first up to first answer")
 
 
 def test_first_replay_serves_through_ray(first):
