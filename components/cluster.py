@@ -45,12 +45,13 @@ class DeepSeekCluster(pulumi.ComponentResource):
         s = args.settings
         cfg, stack = s.cluster, s.stack
         child = pulumi.ResourceOptions(parent=self)
+        revision = plan.group_revision(plan.group_specs(cfg, stack))
 
         self.nodes = [
             SparkNode(
                 f"{name}-{node.name}",
                 SparkNodeArgs(node=node, ssh=cfg.ssh, preflight=commands.preflight(cfg, stack, rank),
-                              private_key=s.ssh_private_key),
+                              recheck_on=revision, private_key=s.ssh_private_key),
                 child,
             )  # fmt: skip
             for rank, node in enumerate(cfg.nodes)
@@ -61,9 +62,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
         self.share = CheckpointShare(
             f"{name}-checkpoint", CheckpointShareArgs(cfg, stack, self.nodes, self.image.images, s.hf_token), child
         )
-        ready_on_node = [
-            [node.preflight, self.image.images[rank], self.share.volumes[rank]] for rank, node in enumerate(self.nodes)
-        ]
+        prerequisites = [*(n.preflight for n in self.nodes), *self.image.images, *self.share.volumes]
         self.group: SglangGroup | VllmRayGroup
         if cfg.engine == "sglang":
             self.engram = EngramShards(
@@ -71,14 +70,13 @@ class DeepSeekCluster(pulumi.ComponentResource):
                 EngramShardsArgs(cfg, stack, self.nodes, self.image.images, self.share.volumes),
                 child,
             )
-            for rank, shard in enumerate(self.engram.shards):
-                ready_on_node[rank].append(shard)
+            prerequisites += self.engram.shards
             self.group = SglangGroup(
-                f"{name}-sglang", GroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
+                f"{name}-sglang", GroupArgs(cfg, stack, s.api_key, self.nodes, self.share.volumes, prerequisites), child
             )
         else:
             self.group = VllmRayGroup(
-                f"{name}-vllm", GroupArgs(cfg, stack, s.api_key, self.nodes, ready_on_node), child
+                f"{name}-vllm", GroupArgs(cfg, stack, s.api_key, self.nodes, self.share.volumes, prerequisites), child
             )
         self.readiness = Readiness(
             f"{name}-readiness", ReadinessArgs(cfg, s.api_key, self.group.revision, self.group.ranks), child

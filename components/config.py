@@ -48,6 +48,9 @@ class NodeConfig(_Strict):
     host_key: str | None = Field(
         default=None, description="pinned ssh host key for remote commands, e.g. 'ssh-ed25519 AAAA...'"
     )
+    nfs_server_ip: str | None = Field(
+        default=None, description="workers: the head's address on this worker's ConnectX link (default: head fabricIp)"
+    )
 
 
 class ModelConfig(_Strict):
@@ -78,6 +81,7 @@ class ServingConfig(_Strict):
     max_running_requests: int | None = Field(default=None, ge=1, description="sglang; vllm: --max-num-seqs")
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
+    generation: int = Field(default=0, ge=0, description="bump to restart the whole group (e.g. after a rank died)")
     # SGLang only (rules.py refuses them on vllm; the None ones are required on sglang).
     dist_port: int = Field(default=20000, ge=1, le=65535)
     ep_size: int | None = Field(default=None, ge=1)

@@ -1,5 +1,5 @@
 """Pieces every serving group shares (SglangGroup, VllmRayGroup): the API key file on the head and
-the mapping from a plan.RankSpec to docker.Container inputs."""
+one rank container from a plan.RankSpec, with the lifecycle every group needs."""
 
 from __future__ import annotations
 
@@ -23,17 +23,32 @@ class GroupArgs:
     stack: str
     api_key: Any  # secret Output[str]
     nodes: list[SparkNode]
-    ready_on_node: list[list[pulumi.Resource]] = field(default_factory=list)  # per rank: what must exist first
+    volumes: list[docker.Volume]  # the checkpoint volume on each node
+    prerequisites: list[pulumi.Resource] = field(default_factory=list)  # on every node: what must exist first
 
 
-def container_args(spec: plan.RankSpec, revision: str, stack: str, engine: str) -> dict[str, Any]:
-    """docker.Container inputs for one rank (everything but opts), from its RankSpec."""
-    labels = {
+def container_args(
+    spec: plan.RankSpec,
+    revision: str,
+    stack: str,
+    engine: str,
+    volume_name: Any = None,
+    after: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """docker.Container inputs for one rank (everything but opts), from its RankSpec.
+
+    `volume_name` (the checkpoint volume's name output) and `after` (labels holding the IDs of the
+    containers this one must start after) make those *property* dependencies: when one of them is
+    replaced delete-before-replace, the engine deletes this container first. Plain depends_on would
+    leave it running (e.g. an old head holding the rendezvous port while new workers start).
+    """
+    labels: dict[str, Any] = {
         plan.REVISION_LABEL: revision,
         "deepseek-spark.stack": stack,
         "deepseek-spark.rank": str(spec.rank),
         "deepseek-spark.role": spec.role,
         "deepseek-spark.engine": engine,
+        **(after or {}),
     }
     return dict(
         name=spec.container_name,
@@ -51,7 +66,12 @@ def container_args(spec: plan.RankSpec, revision: str, stack: str, engine: str) 
             docker.ContainerUlimitArgs(name=n, soft=soft, hard=hard) for n, (soft, hard) in sorted(spec.ulimits.items())
         ],
         mounts=[
-            docker.ContainerMountArgs(target=m.target, source=m.source, type=m.type, read_only=m.read_only)
+            docker.ContainerMountArgs(
+                target=m.target,
+                source=volume_name if (m.type == "volume" and volume_name is not None) else m.source,
+                type=m.type,
+                read_only=m.read_only,
+            )
             for m in spec.mounts
         ],
         restart=spec.restart,
@@ -68,23 +88,32 @@ def rank_container(
     revision: str,
     args: GroupArgs,
     engine: str,
-    depends_on: list[pulumi.Resource],
+    after: list[docker.Container],
     key_file: remote.Command,
     parent: pulumi.Resource,
 ) -> docker.Container:
-    """One rank's container on its node, with the lifecycle every serving group needs."""
+    """One rank's container on its node, started after the containers in `after`."""
+    after_label = {}
+    if after:
+        after_label["deepseek-spark.after"] = pulumi.Output.all(*[c.id for c in after]).apply(
+            lambda ids: ",".join(ids)
+        )
     return docker.Container(
         name,
-        **container_args(spec, revision, args.stack, engine),
+        **container_args(spec, revision, args.stack, engine, args.volumes[spec.rank].name, after_label),
         opts=pulumi.ResourceOptions(
             parent=parent,
             provider=args.nodes[spec.rank].docker,
             # Fixed container name and host ports: the old rank must be gone before the new one starts.
             delete_before_replace=True,
-            # The group's start order (see each group) plus this node's preflight, image, volume, shard.
-            depends_on=[*(args.ready_on_node[spec.rank] if args.ready_on_node else []), *depends_on],
+            # A group starts only when every node is ready (preflight, image, checkpoint, shards): a rank
+            # started early can time out waiting for a node that is still pulling or packing.
+            depends_on=[*args.prerequisites, key_file, *after],
             # A new API key must reach the server, and ranks only ever restart as a whole group.
             replace_with=[key_file],
+            # A stopped rank must not be restarted alone by a refreshed `up` (the provider would start just
+            # that container): recovery replaces the whole group (serving.generation).
+            ignore_changes=["mustRun"],
             custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="10m"),
         ),
     )

@@ -34,6 +34,7 @@ class SparkNodeArgs:
     node: NodeConfig
     ssh: SshConfig
     preflight: str  # the preflight script (commands.preflight)
+    recheck_on: str  # the group revision: every group (re)start is preceded by a fresh preflight
     private_key: Optional[Any] = None  # secret Output[str]; ssh-agent when None
 
 
@@ -65,6 +66,8 @@ class SparkNode(pulumi.ComponentResource):
             f"{name}-preflight",
             connection=self.connection,
             create=args.preflight,
+            # Re-check the node whenever the serving group is (re)started, not only on the first `up`.
+            triggers=[args.recheck_on],
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -280,6 +280,16 @@ def api_key_path(cfg: ClusterConfig, stack: str) -> str:
     return f"{cfg.state_dir}/{stack}/api-key"
 
 
+def volume_options(cfg: ClusterConfig, rank: int) -> dict[str, str]:
+    """driver_opts of the checkpoint volume on node `rank`: a bind of the local copy (the head, or
+    every node in local mode), or an NFSv4 mount of the head's read-only export."""
+    ckpt = cfg.model.checkpoint_dir
+    if rank == 0 or cfg.share.mode == "local":
+        return {"type": "none", "o": "bind", "device": ckpt}
+    server = cfg.nodes[rank].nfs_server_ip or head(cfg).fabric_ip
+    return {"type": "nfs", "o": f"addr={server},{cfg.share.mount_options}", "device": f":{ckpt}"}
+
+
 def nccl_env(cfg: ClusterConfig) -> dict[str, str]:
     f = cfg.fabric
     env = {
@@ -449,6 +459,8 @@ class RankSpec:
     args: list[str]
     env: dict[str, str]
     mounts: list[Mount]
+    checkpoint: dict[str, str]  # how the checkpoint volume is mounted on this node (a change restarts the group)
+    generation: int  # serving.generation: bump it to restart the whole group on purpose
     ulimits: dict[str, tuple[int, int]] = field(
         default_factory=lambda: {"memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
     )
@@ -483,6 +495,8 @@ def rank_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
                 args=sglang_args(cfg, rank),
                 env=rank_env(cfg, rank),
                 mounts=mounts,
+                checkpoint=volume_options(cfg, rank),
+                generation=cfg.serving.generation,
             )
         )
     return specs
@@ -541,7 +555,8 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
                     "--node-ip-address", node.fabric_ip, "--num-gpus", "1", "--disable-usage-stats"]  # fmt: skip
         specs.append(
             RankSpec(rank=rank, node=node.name, container_name=container_name(stack, rank), image=cfg.image,
-                     entrypoint=entrypoint, args=args, env=vllm_env(cfg, rank), mounts=mounts)
+                     entrypoint=entrypoint, args=args, env=vllm_env(cfg, rank), mounts=mounts,
+                     checkpoint=volume_options(cfg, rank), generation=cfg.serving.generation)
         )  # fmt: skip
     return specs
 

@@ -29,8 +29,8 @@ class SglangGroup(pulumi.ComponentResource):
         self.api_key_file = api_key_file(f"{name}-api-key", args.cfg, args.stack, args.api_key, args.nodes[0], self)
         self.ranks: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them
-            # Rank 0 waits for every worker: workers start first and the head is deleted first.
-            after = [self.api_key_file, *self.ranks] if spec.rank == 0 else []
+            # Rank 0 starts after every worker, and is deleted first when any worker is replaced.
+            after = list(self.ranks) if spec.rank == 0 else []
             container = rank_container(
                 f"{name}-rank{spec.rank}", spec, self.revision, args, "sglang", after, self.api_key_file, self
             )

@@ -21,18 +21,6 @@ from .config import ClusterConfig
 from .node import SparkNode
 
 
-def volume_options(cfg: ClusterConfig, rank: int) -> dict[str, str]:
-    """driver_opts of the checkpoint volume on node `rank`."""
-    ckpt = cfg.model.checkpoint_dir
-    if rank == 0 or cfg.share.mode == "local":
-        return {"type": "none", "o": "bind", "device": ckpt}
-    return {
-        "type": "nfs",
-        "o": f"addr={plan.head(cfg).fabric_ip},{cfg.share.mount_options}",
-        "device": f":{ckpt}",
-    }
-
-
 def holds_copy(cfg: ClusterConfig, rank: int) -> bool:
     return rank == 0 or cfg.share.mode == "local"
 
@@ -97,7 +85,7 @@ class CheckpointShare(pulumi.ComponentResource):
                     f"{name}-{node.node.name}",
                     name=plan.checkpoint_volume_name(stack),
                     driver="local",
-                    driver_opts=volume_options(cfg, rank),
+                    driver_opts=plan.volume_options(cfg, rank),
                     labels=[docker.VolumeLabelArgs(label="deepseek-spark.stack", value=stack)],
                     opts=pulumi.ResourceOptions(
                         parent=self,

@@ -29,7 +29,7 @@ class VllmRayGroup(pulumi.ComponentResource):
         self.api_key_file = api_key_file(f"{name}-api-key", args.cfg, args.stack, args.api_key, args.nodes[0], self)
         self.ranks: list[docker.Container] = []
         for spec in specs:  # head first: every worker joins its Ray head (head created first, deleted last)
-            after = [self.api_key_file] if spec.rank == 0 else [self.ranks[0]]
+            after = [self.ranks[0]] if spec.rank > 0 else []
             self.ranks.append(
                 rank_container(f"{name}-rank{spec.rank}", spec, self.revision, args, "vllm", after, self.api_key_file, self)
             )

@@ -88,6 +88,7 @@ class Registered:
     parent: str
     provider: str  # "<provider urn>::<id>" or ""
     dependencies: list[str]
+    property_dependencies: dict[str, list[str]]  # input name -> URNs its value came from
     delete_before_replace: bool
     retain_on_delete: bool
     protect: bool
@@ -144,6 +145,7 @@ class RecordingMonitor(pmocks.MockMonitor):
                     parent=request.parent,
                     provider=request.provider,
                     dependencies=list(request.dependencies),
+                    property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
                     delete_before_replace=request.deleteBeforeReplace,
                     retain_on_delete=request.retainOnDelete,
                     protect=request.protect,

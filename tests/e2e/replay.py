@@ -14,9 +14,13 @@ registered under mocks, inputs and options) and executes it in dependency order:
 
 Diff semantics follow the providers: any container/volume/image input change replaces; a command
 is replaced only when `triggers` change, otherwise updated (`update`, else `create` again);
-`replace_with` cascades replacement; `delete_before_replace` deletes old resources (dependents
-first) before creating their replacements (dependencies first). `retain_on_delete` skips the
-provider delete. An input the replay does not understand fails the run: no silent drops.
+`replace_with` cascades replacement. Steps follow the engine: resources are visited in dependency
+order; a delete-before-replace deletes the old resource right before creating the new one, and
+first deletes the old dependents whose *inputs* come from it (property dependencies) and that would
+be replaced by that change (the engine's dependent replacements; plain `depends_on` does not count);
+other replacements create first and delete after; resources gone from the program are deleted last,
+dependents first. `retain_on_delete` skips the provider delete. An input the replay does not
+understand fails the run: no silent drops.
 State (inputs per URN) is kept in a JSON file between runs, like a stack's state.
 """
 
@@ -123,6 +127,7 @@ class Replay:
             "inputs": res.inputs,
             "provider": res.provider_urn,
             "dependencies": sorted(set(res.dependencies) | ({res.provider_urn} if res.provider_urn else set())),
+            "propertyDependencies": {k: sorted(v) for k, v in sorted(res.property_dependencies.items())},
             "deleteBeforeReplace": res.delete_before_replace,
             "retainOnDelete": res.retain_on_delete,
             "replaceWith": sorted(res.replace_with),
@@ -189,13 +194,13 @@ class Replay:
         gone = [u for u in state if u not in desired]
         steps: list[Step] = []
         with self._ssh_shim(desired, state):
-            # Delete-before-replace and removed resources go first, dependents before dependencies.
-            early = [u for u in order if ops[u] == "replace" and desired[u]["deleteBeforeReplace"]]
-            for urn in reversed(self._order({u: state[u] for u in (*early, *gone)})):
-                self._run_delete(urn, state, steps, replacing=urn in desired)
             for urn in order:
                 op = ops[urn]
                 entry = desired[urn]
+                replacing_first = op == "replace" and entry["deleteBeforeReplace"] and urn in state
+                if replacing_first:
+                    self._delete_dependents(urn, state, steps)
+                    self._run_delete(urn, state, steps, replacing=True)
                 step = Step(op, urn, entry["name"], entry["type"])
                 if self.before_step:
                     self.before_step(step)
@@ -219,7 +224,29 @@ class Replay:
                 steps.append(step)
                 if op != "same":
                     self.log(f"replay: {op:7s} {entry['name']} ({step.seconds:.1f}s)")
+            # Resources no longer in the program go last, dependents first.
+            for urn in reversed(self._order({u: state[u] for u in gone})):
+                self._run_delete(urn, state, steps, replacing=False)
         return steps
+
+    @staticmethod
+    def _replaced_by_unknown(entry: dict, prop: str) -> bool:
+        """Would this resource be replaced if input `prop` became unknown? (the provider's Diff)"""
+        if entry["type"] in (CONTAINER, VOLUME):
+            return True  # every docker container/volume input forces a new resource
+        if entry["type"] in (REMOTE, LOCAL):
+            return prop == "triggers"
+        return entry["type"] == IMAGE and prop == "name"
+
+    def _delete_dependents(self, urn: str, state: dict, steps: list[Step]) -> None:
+        """Before a delete-before-replace of `urn`: delete the old dependents it would replace."""
+        for other in [u for u in list(state) if u != urn]:
+            if other not in state:
+                continue
+            props = [p for p, urns in state[other].get("propertyDependencies", {}).items() if urn in urns]
+            if any(self._replaced_by_unknown(state[other], p) for p in props):
+                self._delete_dependents(other, state, steps)
+                self._run_delete(other, state, steps, replacing=True)
 
     def destroy(self) -> list[Step]:
         """Delete everything in state, dependents first (like `pulumi destroy`)."""

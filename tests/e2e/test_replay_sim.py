@@ -92,6 +92,7 @@ def test_serving_change_replaces_every_rank_workers_first(sim, replay, first):
     assert changed == {
         "sim-sglang-rank0": "replace", "sim-sglang-rank1": "replace", "sim-sglang-rank2": "replace",
         "sim-readiness-check": "replace",
+        "sim-spark1-preflight": "replace", "sim-spark2-preflight": "replace", "sim-spark3-preflight": "replace",
     }  # fmt: skip
     deletes = [s.name for s in steps if s.op == "delete"]
     assert deletes[0] == "sim-sglang-rank0", "the head goes first"

@@ -66,7 +66,8 @@ def test_serving_change_replaces_the_group_head_first(sim, replay, first):
     steps = replay.up(rec)
     changed = {s.name: s.op for s in steps if s.op != "same"}
     assert changed == {"sim-tp2-vllm-rank0": "replace", "sim-tp2-vllm-rank1": "replace",
-                       "sim-tp2-readiness-check": "replace"}  # fmt: skip
+                       "sim-tp2-readiness-check": "replace", "sim-tp2-spark1-preflight": "replace",
+                       "sim-tp2-spark2-preflight": "replace"}  # fmt: skip
     deletes = [s.name for s in steps if s.op == "delete"]
     assert deletes == ["sim-tp2-vllm-rank1", "sim-tp2-vllm-rank0"], "the Ray worker goes before its head"
     creates = [s.name for s in steps if s.op == "replace" and s.type == CONTAINER]

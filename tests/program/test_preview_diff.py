@@ -197,7 +197,9 @@ def test_a_serving_change_replaces_exactly_the_rank_containers(baseline, change)
     ranks = {f"tp4-sglang-rank{i}" for i in range(4)}
     # The readiness probe is a local command whose only trigger is the group revision: a new revision
     # replaces it, i.e. `up` probes the endpoint again once the new group is up. It touches no node.
-    assert by_op(steps, "replace") == ranks | {"tp4-readiness-check"}
+    # Each node's read-only preflight has the same trigger: every group (re)start is checked first.
+    preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}
+    assert by_op(steps, "replace") == ranks | {"tp4-readiness-check"} | preflights
     readiness = next(s for s in steps.values() if s.resource.name == "tp4-readiness-check")
     assert readiness.changed == ["triggers"] and readiness.resource.inputs["triggers"] == [new_rev]
     assert readiness.before.inputs["triggers"] == [old_rev]
@@ -237,7 +239,8 @@ def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group
     cluster["nodes"][3]["fabricIp"] = "10.0.0.14"
     after = run_program("tp4", cluster=cluster)
     steps = plan_steps(baseline, after)
-    assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | {"tp4-readiness-check"}
+    preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}  # re-checked before every group start
+    assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | {"tp4-readiness-check"} | preflights
     assert by_op(steps, "update") == {"tp4-checkpoint-export"}  # create changed, triggers did not
     export = next(s for s in steps.values() if s.resource.name == "tp4-checkpoint-export")
     assert export.changed == ["create"] and "10.0.0.14(ro," in export.resource.inputs["create"]

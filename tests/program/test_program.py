@@ -317,3 +317,62 @@ def test_components_follow_naming_and_tokens(rec, stack):
             continue
         parent = by_urn[r.parent]
         assert r.name.startswith(parent.name + "-"), f"{r.name} not named after its parent {parent.name}"
+
+
+def _label(res, name):
+    return {lab["label"]: lab["value"] for lab in res.inputs["labels"]}.get(name)
+
+
+def test_head_inputs_come_from_every_worker_so_it_is_deleted_first(sg_rec):
+    """depends_on alone would let the engine replace workers while the old head still holds distPort."""
+    (head, _), *workers = ranks(sg_rec)
+    assert _label(head, "deepseek-spark.after") == ",".join(f"{w.name}-id" for w, _ in workers)
+    assert set(head.property_dependencies["labels"]) == {w.urn for w, _ in workers}
+    assert all(_label(w, "deepseek-spark.after") is None for w, _ in workers)
+
+
+def test_rank_mounts_take_the_volume_name_from_its_volume(rec, stack):
+    for rank, (res, _) in enumerate(ranks(rec)):
+        node = cluster_of(stack)["nodes"][rank]["name"]
+        assert rec.named(f"{stack}-checkpoint-{node}").urn in res.property_dependencies["mounts"]
+
+
+def test_every_rank_waits_for_every_nodes_prerequisites(rec, stack):
+    names = [n["name"] for n in cluster_of(stack)["nodes"]]
+    needed = {f"{stack}-{n}-preflight" for n in names} | {f"{stack}-image-{n}" for n in names}
+    needed |= {f"{stack}-checkpoint-{n}" for n in names}
+    for res, _ in ranks(rec):
+        assert needed <= {short(d) for d in res.dependencies}, res.name
+
+
+def test_a_stopped_rank_is_never_restarted_alone(rec):
+    assert all(res.ignore_changes == ["mustRun"] for res, _ in ranks(rec))
+
+
+def test_preflight_reruns_before_every_group_start(rec, stack):
+    for node in cluster_of(stack)["nodes"]:
+        assert rec.named(f"{stack}-{node['name']}-preflight").inputs["triggers"] == [rec.outputs["group_revision"]]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"share": {"mode": "local"}}, {"share": {"mountOptions": "nfsvers=4.2,ro,hard"}}, {"serving": {"generation": 1}}],
+    ids=["share-mode", "mount-options", "generation"],
+)
+def test_checkpoint_mount_and_generation_changes_restart_the_whole_group(change):
+    old = run_program("tp4").outputs["group_revision"]
+    raw = cluster_of("tp4")
+    for section, values in change.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    after = run_program("tp4", cluster=raw)
+    assert after.outputs["group_revision"] != old
+    assert {_label(r, plan.REVISION_LABEL) for r, _ in ranks(after)} == {after.outputs["group_revision"]}
+
+
+def test_worker_mounts_the_head_address_on_its_own_link():
+    raw = cluster_of("tp3")
+    raw["nodes"][1]["nfsServerIp"] = "10.0.22.1"
+    raw["nodes"][2]["nfsServerIp"] = "10.0.23.1"
+    rec = run_program("tp3", cluster=raw)
+    assert rec.named("tp3-checkpoint-spark2").inputs["driverOpts"]["o"].startswith("addr=10.0.22.1,")
+    assert rec.named("tp3-checkpoint-spark3").inputs["driverOpts"]["o"].startswith("addr=10.0.23.1,")

@@ -177,3 +177,10 @@ def test_engine_defaults_for_vllm():
     assert {i.inputs["name"] for i in rec.of_type("docker:index/remoteImage:RemoteImage")} == {"vllm/vllm-openai:v0.31.0"}
     assert rec.outputs["memory_plan"]["profile"] == "deepseek-v4.1-flash-nvfp4"
     assert reveal(rec.named("tp2-vllm-api-key").inputs["stdin"]) == TEST_API_KEY
+
+
+def test_ray_worker_inputs_come_from_the_head_so_it_goes_first(rec):
+    head, worker = containers(rec)
+    labels = {lab["label"]: lab["value"] for lab in worker.inputs["labels"]}
+    assert labels["deepseek-spark.after"] == "tp2-vllm-rank0-id"
+    assert worker.property_dependencies["labels"] == [head.urn]
