@@ -20,6 +20,16 @@ def sudo(user: str) -> str:
     return "" if user == "root" else "sudo -n "
 
 
+def key_sudo(cfg: ClusterConfig) -> str:
+    """sudo for the API key file only when it lives outside the ssh user's home."""
+    user = cfg.nodes[0].ssh_user
+    return "" if plan.api_key_path(cfg, "x").startswith(f"/home/{user}/") else sudo(user)
+
+
+def head_needs_sudo(cfg: ClusterConfig) -> bool:
+    return bool(key_sudo(cfg)) or (cfg.share.mode == "nfs" and len(cfg.nodes) > 1 and cfg.nodes[0].ssh_user != "root")
+
+
 def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
     """Read-only checks on one node; reports every failure (node, check, fix), exits 1 if any failed."""
     node = cfg.nodes[rank]
@@ -51,6 +61,12 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         f'if [ "${{speed:-0}}" -ge {f.link_speed_mbps} ]; then ok fabric-speed; else '
         f'fail fabric-speed "{f.iface} runs at ${{speed:-unknown}} Mb/s, expected {f.link_speed_mbps}; reseat the cable"; fi',
     ]
+    if rank == 0 and head_needs_sudo(cfg):
+        lines.append(
+            "if sudo -n true 2>/dev/null; then ok sudo; else "
+            'fail sudo "$(id -un) needs passwordless sudo on the head for the NFS export and the API key file; '
+            'add a sudoers rule, or set stateDir under the home directory and share.mode: local"; fi'
+        )
     if cfg.model.source == "shared" and (rank == 0 or cfg.share.mode == "local"):
         ckpt = cfg.model.checkpoint_dir
         n = cfg.model.expected_shards
@@ -169,6 +185,8 @@ def engram_pack(cfg: ClusterConfig, stack: str, rank: int) -> str:
         'mkdir -p "$dir"\n'
         f'if [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$rev" ]; then rm -f {shards} "$stamp"; fi\n'
         f"docker rm -f {q(name)} >/dev/null 2>&1 || true\n"
+        f"docker run --rm --network none --entrypoint test {q(cfg.image)} -f /opt/dsv41/scripts/pack_engram.py || "
+        f"{{ echo {q(f'engram pack: {cfg.image} has no DSV4.1 adapter (/opt/dsv41); build the recipe overlay image on top of lmsysorg/sglang:dev-dsv41 and set image: to it')} >&2; exit 1; }}\n"
         f"docker run --rm --name {q(name)} --network none --entrypoint python3 "
         f"-v {q(plan.checkpoint_volume_name(stack) + ':' + plan.MODEL_MOUNT + ':ro')} "
         f'-v "$dir":{q(plan.ENGRAM_MOUNT)} {q(cfg.image)} /opt/dsv41/scripts/pack_engram.py '
@@ -187,7 +205,7 @@ def engram_delete(cfg: ClusterConfig, rank: int) -> str:
 
 def api_key_create(cfg: ClusterConfig, stack: str) -> str:
     """Write stdin (the API key) to a 0600 file on the head; the key itself is never in the command."""
-    s = sudo(cfg.nodes[0].ssh_user)
+    s = key_sudo(cfg)
     path = plan.api_key_path(cfg, stack)
     directory = path.rsplit("/", 1)[0]
     return (
@@ -199,7 +217,7 @@ def api_key_create(cfg: ClusterConfig, stack: str) -> str:
 
 
 def api_key_delete(cfg: ClusterConfig, stack: str) -> str:
-    return f"{sudo(cfg.nodes[0].ssh_user)}rm -f {q(plan.api_key_path(cfg, stack))}\n"
+    return f"{key_sudo(cfg)}rm -f {q(plan.api_key_path(cfg, stack))}\n"
 
 
 READINESS_KEY_ENV = "DSPARK_API_KEY"

@@ -170,9 +170,14 @@ class ClusterConfig(_Strict):
     ssh: SshConfig = SshConfig()
     readiness: ReadinessConfig = ReadinessConfig()
     memory: MemoryConfig = MemoryConfig()
-    state_dir: str = Field(default="/var/lib/deepseek-spark", description="node dir for the API key file")
+    state_dir: str | None = Field(
+        default=None, description="head dir for the API key file (default: /var/lib for root, else ~/.local/state)"
+    )
 
-    _abs = field_validator("state_dir")(_absolute)
+    @field_validator("state_dir")
+    @classmethod
+    def _state_abs(cls, value: str | None) -> str | None:
+        return None if value is None else _absolute(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -266,6 +271,8 @@ def load() -> Settings:
         raise ConfigError(
             f"{PROJECT}:{API_KEY} is {key.strip()!r}, which SGLang recipes treat as 'no authentication'. Run:\n  {set_key}"
         )
+    if any(c.isspace() or ord(c) < 32 for c in key):
+        raise ConfigError(f"{PROJECT}:{API_KEY} contains whitespace or control characters (a trailing newline?). Run:\n  {set_key}")
     if not pulumi.runtime.is_config_secret(f"{PROJECT}:{API_KEY}"):
         raise ConfigError(f"{PROJECT}:{API_KEY} is stored in plain text in the stack file. Run:\n  {set_key}")
 

@@ -39,6 +39,8 @@ class MemoryProfile:
     nccl_tuned_gb: float
     max_context_by_tp: dict[int, int]
     engram_total_gib: float  # split evenly across ranks onto each node's NVMe
+    min_mem_fraction_by_tp: dict[int, float] = field(default_factory=dict)  # measured floor (boot fails below)
+    published_kv_pool_by_tp: dict[int, tuple[int, int]] = field(default_factory=dict)  # pool actually obtained
     test_double: bool = False
     engine: str = "sglang"
 
@@ -69,6 +71,8 @@ PROFILES: dict[str, MemoryProfile | VllmProfile] = {
         nccl_tuned_gb=0.14,
         max_context_by_tp={3: 262144, 4: 1048576},
         engram_total_gib=189.0,
+        min_mem_fraction_by_tp={3: 0.944},
+        published_kv_pool_by_tp={4: (5_980_000, 6_490_000)},
     ),
     "sim-test-double": MemoryProfile(
         description="TEST DOUBLE: the simulator's tiny fake checkpoint (sim/), not a real model",
@@ -268,6 +272,14 @@ def head(cfg: ClusterConfig) -> NodeConfig:
     return cfg.nodes[0]
 
 
+def state_dir(cfg: ClusterConfig) -> str:
+    """Where the API key file lives on the head: root's /var/lib, or the ssh user's home (no sudo)."""
+    if cfg.state_dir:
+        return cfg.state_dir
+    user = head(cfg).ssh_user
+    return "/var/lib/deepseek-spark" if user == "root" else f"/home/{user}/.local/state/deepseek-spark"
+
+
 def container_name(stack: str, rank: int) -> str:
     return f"{stack}-rank{rank}"
 
@@ -277,7 +289,7 @@ def checkpoint_volume_name(stack: str) -> str:
 
 
 def api_key_path(cfg: ClusterConfig, stack: str) -> str:
-    return f"{cfg.state_dir}/{stack}/api-key"
+    return f"{state_dir(cfg)}/{stack}/api-key"
 
 
 def volume_options(cfg: ClusterConfig, rank: int) -> dict[str, str]:
@@ -344,6 +356,17 @@ def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
         "NNODES": str(len(cfg.nodes)),
         "TP_SIZE": str(s.tp_size),
         "EP_SIZE": str(s.ep_size),
+        # The DSV4.1 adapter's knobs, as every reference profile sets them (lineage section 1).
+        "DSV41_CACHE_GIB": "0",  # the image's default (16 GiB per rank) is not in the memory plan
+        "DSV41_CACHE_WAYS": "4",
+        "DSV41_IO_THREADS": "96",
+        "DSV41_RESIDENT_SCALES": "0",
+        "DSV41_STATS_SECONDS": "60",
+        "DSV41_MXFP8_BACKEND": "b12x",
+        "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "0",
+        "SGLANG_DSV41_REASONING_EFFORT": "75",
+        "DSV41_TP_PAD": "1" if s.tp_size == 3 else "0",  # TP3 pads rank 2's attention shard
+        "DSV41_SERIAL_WEIGHT_LOAD": "1" if s.tp_size == 4 else "0",
     }
     env.update(s.extra_env)
     return dict(sorted(env.items()))
@@ -355,6 +378,7 @@ def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
         "--model-path", MODEL_MOUNT,
         "--served-model-name", cfg.model.served_name,
         "--trust-remote-code",
+        "--load-format", "safetensors",
         "--tp", str(s.tp_size),
         "--ep-size", str(s.ep_size),
         "--nnodes", str(len(cfg.nodes)),
@@ -368,6 +392,8 @@ def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
         "--cuda-graph-max-bs", str(s.max_running_requests),
         "--mem-fraction-static", f"{s.mem_fraction_static:g}",
         "--chunked-prefill-size", str(s.chunked_prefill_size),
+        "--random-seed", "0",
+        "--enable-decoder-swa-bounded-replay",
         "--tool-call-parser", "deepseekv41",
         "--reasoning-parser", "deepseek-v41",
     ]  # fmt: skip

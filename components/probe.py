@@ -85,8 +85,10 @@ def wait_ready(
                     log(f"readiness: chat completion answered {answer.strip()!r} after {elapsed:.0f}s")
                     return True
                 last = f"chat completion answered {answer.strip()[:80]!r}, expected {expect!r}"
-        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        except (OSError, RuntimeError, KeyError) as exc:
             last = f"{type(exc).__name__}: {exc}"
+        except ValueError as exc:  # urllib's message can quote the Authorization header: never print it
+            last = f"{type(exc).__name__} (details withheld: they may contain the key)"
         if elapsed >= timeout:
             log(f"readiness: not ready after {timeout:.0f}s; last error: {last}")
             return False

@@ -106,15 +106,18 @@ def _unique(cfg: ClusterConfig) -> list[Finding]:
 def _fabric_ip(cfg: ClusterConfig) -> list[Finding]:
     out = []
     for i, node in enumerate(cfg.nodes):
-        try:
-            ip = ipaddress.IPv4Address(node.fabric_ip)
-            bad = ip.is_loopback or ip.is_unspecified or ip.is_multicast
-        except ValueError:
-            bad = True
-        if bad:
-            out.append(Finding("fabric-ip-is-ipv4", f"nodes[{i}].fabricIp", node.fabric_ip,
-                               "not a routable IPv4 address (NCCL, dist-init and NFS use it)",
-                               "use the node's ConnectX-7 address, e.g. 10.0.0.2"))  # fmt: skip
+        for label, value in (("fabricIp", node.fabric_ip), ("nfsServerIp", node.nfs_server_ip)):
+            if value is None:
+                continue
+            try:
+                ip = ipaddress.IPv4Address(value)
+                bad = ip.is_loopback or ip.is_unspecified or ip.is_multicast
+            except ValueError:
+                bad = True
+            if bad:
+                out.append(Finding("fabric-ip-is-ipv4", f"nodes[{i}].{label}", value,
+                                   "not a routable IPv4 address (NCCL, dist-init and NFS use it)",
+                                   "use a ConnectX-7 address, e.g. 10.0.0.2"))  # fmt: skip
     return out
 
 
@@ -176,6 +179,11 @@ def _memory(cfg: ClusterConfig) -> list[Finding]:
     out = []
     head = mp.ranks[0]
     unified = cfg.memory.unified_gib
+    floor = prof.min_mem_fraction_by_tp.get(s.tp_size)
+    if floor is not None and s.mem_fraction_static < floor:
+        out.append(Finding("memory-plan-fits", "serving.memFractionStatic", s.mem_fraction_static,
+                           f"TP={s.tp_size} has been measured to need at least {floor} (below it the weights leave "
+                           "no KV budget at boot)", f"set serving.memFractionStatic to {floor} or more"))  # fmt: skip
     if head.weights_gib + head.draft_gib >= unified:
         return [Finding("memory-plan-fits", "serving.tpSize", s.tp_size,
                         f"resident weights per rank are {head.weights_gib + head.draft_gib:.1f} GiB at TP={s.tp_size}, "
@@ -340,6 +348,30 @@ def _image(cfg: ClusterConfig) -> list[Finding]:
                         "a development tag can move under you and then nodes run different builds",
                         "pin it by digest (image@sha256:...) for reproducible rollouts", level="warning")]  # fmt: skip
     return []
+
+
+@rule("kv-pin-clamp-warning")
+def _kv_clamp(cfg: ClusterConfig) -> list[Finding]:
+    prof = plan.PROFILES.get(cfg.model.profile)
+    if cfg.engine != "sglang" or prof is None or prof.engine != "sglang":
+        return []
+    published = prof.published_kv_pool_by_tp.get(cfg.serving.tp_size)
+    if published is None or cfg.serving.max_total_tokens <= published[1]:
+        return []
+    return [Finding("kv-pin-clamp-warning", "serving.maxTotalTokens", cfg.serving.max_total_tokens,
+                    f"at TP={cfg.serving.tp_size} the pool actually obtained was {published[0]:,}-{published[1]:,} tokens; "
+                    "SGLang silently clamps a larger pin", "check full_token= in rank 0's boot log after up",
+                    level="warning")]  # fmt: skip
+
+
+@rule("ring-needs-nccl-overlay-warning")
+def _ring(cfg: ClusterConfig) -> list[Finding]:
+    if cfg.topology != "ring":
+        return []
+    return [Finding("ring-needs-nccl-overlay-warning", "topology", "ring",
+                    "switchless ring mode sets NCCL_ALGO=Ring and the ring env, but the reference also needs an "
+                    "NCCL build with SWITCHLESS_RING_ONLY inside the image",
+                    "use an image that ships that NCCL, or a RoCE switch (topology: switch)", level="warning")]  # fmt: skip
 
 
 @rule("vllm-weights-range-warning")

@@ -60,3 +60,8 @@ def test_unknown_field_fails_at_preview():
     raw["serving"]["kvPool"] = 1
     with pytest.raises(pulumi.RunError, match=r"cluster\.serving\.kvPool: unknown field"):
         run_program("tp3", cluster=raw, preview=True)
+
+
+def test_api_key_with_a_newline_is_refused():
+    with pytest.raises(pulumi.RunError, match="whitespace or control characters"):
+        run_program("tp4", api_key="sk-0123456789abcdef\n")

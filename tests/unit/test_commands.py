@@ -151,6 +151,7 @@ def docker_stub(node_env):
         "#!/bin/sh\n"
         'echo "$@" >> "$CALLS"\n'
         '[ "$1" = run ] || exit 0\n'
+        'case "$*" in *"--entrypoint test"*) [ -z "${NO_ADAPTER:-}" ]; exit;; esac\n'
         'for a in "$@"; do case "$a" in *:/engram) out=${a%:/engram};; esac; done\n'
         'rank=$(echo "$@" | sed -n "s/.*--rank \\([0-9]*\\).*/\\1/p"); tp=$(echo "$@" | sed -n "s/.*--tp \\([0-9]*\\).*/\\1/p")\n'
         'for l in 1 14; do echo packed > "$out/engram-l$l-r${rank}of$tp.bin"; done\n'
@@ -167,18 +168,26 @@ def test_engram_pack_is_idempotent_and_repacks_on_new_revision(docker_stub):
     shard = docker_stub / "engram" / "engram-l14-r2of4.bin"
     assert shard.exists() and (docker_stub / "engram" / ".engram-r2of4.revision").read_text().strip() == cfg.model.revision
     assert "--rank 2 --tp 4" in calls.read_text() and "tp4-checkpoint:/models/DeepSeek-V4.1-Flash:ro" in calls.read_text()
-    runs = calls.read_text().count("run --rm")
+    runs = calls.read_text().count("pack_engram.py --model")
     mtime = shard.stat().st_mtime_ns
 
     again = run(script, docker_stub, CALLS=str(calls))
     assert "already packed" in again.stdout
-    assert calls.read_text().count("run --rm") == runs and shard.stat().st_mtime_ns == mtime
+    assert calls.read_text().count("pack_engram.py --model") == runs and shard.stat().st_mtime_ns == mtime
 
     newer = cfg_for(docker_stub, model={**cluster_of("tp4")["model"], "checkpointDir": str(docker_stub / "ckpt"),
                                         "revision": "0123abc"})  # fmt: skip
     out = run(commands.engram_pack(newer, "tp4", 2), docker_stub, CALLS=str(calls))
-    assert out.returncode == 0 and calls.read_text().count("run --rm") == runs + 1
+    assert out.returncode == 0 and calls.read_text().count("pack_engram.py --model") == runs + 1
     assert (docker_stub / "engram" / ".engram-r2of4.revision").read_text().strip() == "0123abc"
+
+
+def test_engram_pack_explains_an_image_without_the_dsv41_adapter(docker_stub):
+    out = run(commands.engram_pack(cfg_for(docker_stub), "tp4", 0), docker_stub, CALLS=str(docker_stub / "c"),
+              NO_ADAPTER="1")  # fmt: skip
+    assert out.returncode == 1
+    assert "has no DSV4.1 adapter (/opt/dsv41); build the recipe overlay image" in out.stderr
+    assert "pack_engram.py --model" not in (docker_stub / "c").read_text()
 
 
 def test_engram_delete_removes_only_this_ranks_shards(docker_stub):

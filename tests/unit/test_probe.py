@@ -104,3 +104,11 @@ def test_cli_reads_key_from_env_only(server):
     assert KEY not in ok.stdout + ok.stderr
     missing = subprocess.run(args, cwd=ROOT, env={}, capture_output=True, text=True)
     assert missing.returncode == 2 and "DSPARK_API_KEY is empty" in missing.stderr
+
+
+def test_an_unsendable_key_is_never_echoed(server):
+    server.health_codes = [200]
+    logs = []
+    bad_key = "sk-secret-part\nX-Injected: 1"
+    assert not probe.wait_ready(server.url, bad_key, "m", "q", "42", timeout=0.05, interval=0.01, log=logs.append)
+    assert "sk-secret-part" not in "".join(logs) and "details withheld" in logs[-1]

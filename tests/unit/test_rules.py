@@ -58,6 +58,8 @@ FAILING = {
     "tp3-padding-warning": ("tp3", lambda raw: raw, "serving.tpSize"),
     "dev-image-warning": ("tp4", _set(["image"], "lmsysorg/sglang:dev-dsv41"), "image"),
     "vllm-weights-range-warning": ("tp2", lambda raw: raw, "serving.maxModelLen"),
+    "kv-pin-clamp-warning": ("tp4", lambda raw: raw, "serving.maxTotalTokens"),
+    "ring-needs-nccl-overlay-warning": ("tp4", _set(["topology"], "ring"), "topology"),
     "pinned-revision-warning": ("tp2", _set(["model", "revision"], "main"), "model.revision"),
 }
 # rule -> (base stack, mutation) of a config the rule must accept (default: tp4 as it is)
@@ -66,6 +68,7 @@ PASSING = {
     "vllm-weights-range-warning": ("tp2", lambda raw: _set(["serving", "gpuMemoryUtilization"], 0.88)(
         _set(["serving", "maxModelLen"], 16384)(raw))),
     "pinned-revision-warning": ("tp2", _set(["model", "revision"], "a" * 40)),
+    "kv-pin-clamp-warning": ("tp4", _set(["serving", "maxTotalTokens"], 6_000_000)),
 }
 # vLLM variants of the engine-aware rules: (mutation of tp2, field the finding must name)
 VLLM_FAILING = {
@@ -149,6 +152,8 @@ def test_warnings_do_not_block():
     errors, warnings = rules.check(parse_cluster(cluster_of("tp3")))
     assert not errors
     assert {w.rule for w in warnings} == {"tp3-padding-warning", "dev-image-warning"}
+    _, tp4_warnings = rules.check(parse_cluster(cluster_of("tp4")))
+    assert {w.rule for w in tp4_warnings} == {"dev-image-warning", "kv-pin-clamp-warning"}
 
 
 def test_memory_fix_names_the_largest_kv_pin_that_fits():
@@ -204,3 +209,14 @@ def test_base_config_untouched_by_mutations():
     for stack, mutate, _ in FAILING.values():
         mutate(copy.deepcopy(cluster_of(stack)))
     assert cluster_of("tp4") == before
+
+
+def test_tp3_below_the_measured_static_fraction_is_refused():
+    raw = _set(["serving", "memFractionStatic"], 0.90)(cluster_of("tp3"))
+    found = [f for f in _findings(raw, "memory-plan-fits") if f.field == "serving.memFractionStatic"]
+    assert found and "at least 0.944" in found[0].problem and "0.944 or more" in found[0].fix
+
+
+def test_nfs_server_ip_must_be_an_address():
+    raw = _set(["nodes", 1, "nfsServerIp"], "head-cx7")(cluster_of("tp3"))
+    assert [f.field for f in _findings(raw, "fabric-ip-is-ipv4")] == ["nodes[1].nfsServerIp"]
