@@ -28,15 +28,15 @@ def require_engine() -> None:
 
 
 @pytest.fixture(scope="module")
-def sim():
-    """A fresh 3-node simulated cluster for one test module, deleted afterwards."""
+def sim(request):
+    """A fresh simulated cluster (SIM_NODES of the test module, default 3), deleted afterwards."""
     require_engine()
     from sim import cluster as sim_cluster
 
     t0 = time.monotonic()
     try:
         sim_cluster.delete(CLUSTER, log=lambda m: None)
-        sim_cluster.create(CLUSTER, nodes=3)
+        sim_cluster.create(CLUSTER, nodes=getattr(request.module, "SIM_NODES", 3))
         TIMINGS.setdefault("sim create (images cached)", time.monotonic() - t0)
         yield sim_cluster.ssh_info(CLUSTER)
     finally:

@@ -16,6 +16,8 @@ from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
 STACK = "sim-tp2"
+SIM_NODES = 2  # tp2's layout: a 2-node simulated cluster
+NODES = ("spark1", "spark2")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def test_first_replay_serves_through_ray(first):
     rec, steps, answer = first
     assert {s.op for s in steps} == {"create"}
     assert "42" in answer
-    assert sorted(containers_of(STACK)) == ["sim-tp2-rank0", "sim-tp2-rank1"]
+    assert sorted(containers_of(STACK, NODES)) == ["sim-tp2-rank0", "sim-tp2-rank1"]
     assert "2/2 nodes alive" in node_sh("spark1", "docker logs sim-tp2-rank0 2>&1")
     assert not [s for s in steps if "engram" in s.name]
 
@@ -53,14 +55,14 @@ def test_streaming_auth_on_v1_only(first):
 
 
 def test_second_replay_changes_nothing(sim, replay, first):
-    before = containers_of(STACK)
+    before = containers_of(STACK, NODES)
     steps = replay.up(program(sim, STACK))
     assert [s.name for s in steps if s.op != "same"] == []
-    assert containers_of(STACK) == before
+    assert containers_of(STACK, NODES) == before
 
 
 def test_serving_change_replaces_the_group_head_first(sim, replay, first):
-    before = containers_of(STACK)
+    before = containers_of(STACK, NODES)
     rec = program(sim, STACK, maxModelLen=65536)
     t0 = time.monotonic()
     steps = replay.up(rec)
@@ -72,7 +74,7 @@ def test_serving_change_replaces_the_group_head_first(sim, replay, first):
     assert deletes == ["sim-tp2-vllm-rank1", "sim-tp2-vllm-rank0"], "the Ray worker goes before its head"
     creates = [s.name for s in steps if s.op == "replace" and s.type == CONTAINER]
     assert creates == ["sim-tp2-vllm-rank0", "sim-tp2-vllm-rank1"], "the Ray head starts first"
-    after = containers_of(STACK)
+    after = containers_of(STACK, NODES)
     assert set(after) == set(before) and not set(after.values()) & set(before.values())
     assert "42" in ask(rec)
     TIMINGS["replay vllm: serving change to answer"] = time.monotonic() - t0
@@ -82,7 +84,7 @@ def test_destroy_keeps_the_checkpoint(sim, replay, first):
     steps = replay.destroy()
     names = [s.name for s in steps]
     assert names.index("sim-tp2-vllm-rank1") < names.index("sim-tp2-vllm-rank0")
-    assert containers_of(STACK) == {}
+    assert containers_of(STACK, NODES) == {}
     for node in ("spark1", "spark2"):
         assert "sim-tp2-checkpoint" not in node_sh(node, "docker volume ls --format '{{.Name}}'")
         assert node_sh(node, "ls /srv/models/DS4.1 | grep -c safetensors").strip() == "4"
