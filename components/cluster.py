@@ -45,7 +45,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
         s = args.settings
         cfg, stack = s.cluster, s.stack
         child = pulumi.ResourceOptions(parent=self)
-        revision = plan.group_revision(plan.group_specs(cfg, stack))
+        revision = plan.group_revision(plan.group_specs(cfg, stack), plan.image_build_digest(cfg))
 
         self.nodes = [
             SparkNode(
@@ -57,7 +57,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
             for rank, node in enumerate(cfg.nodes)
         ]
         self.image = ServingImage(
-            f"{name}-image", ServingImageArgs(cfg.image, self.nodes, cfg.image_timeout_minutes), child
+            f"{name}-image", ServingImageArgs(cfg.image, self.nodes, cfg.image_timeout_minutes, cfg.image_build), child
         )
         self.share = CheckpointShare(
             f"{name}-checkpoint", CheckpointShareArgs(cfg, stack, self.nodes, self.image.images, s.hf_token), child

@@ -156,6 +156,17 @@ class MemoryConfig(_Strict):
     runtime_floor_gib: float = Field(default=3.0, ge=0, description="kept free outside the static pool")
 
 
+class ImageBuildConfig(_Strict):
+    """Build `image` on every node from a local context (the recipe's overlay on the base image,
+    like the reference's `start.sh build`) instead of pulling it. The context is uploaded from
+    where Pulumi runs to each node's engine; nothing is pushed to a registry."""
+
+    context: str = Field(min_length=1, description="directory with the Dockerfile, relative to the project")
+    dockerfile: str = "Dockerfile"
+    args: dict[str, str] = Field(default_factory=dict)
+    platform: str | None = Field(default="linux/arm64", description="DGX Spark is aarch64")
+
+
 class ClusterConfig(_Strict):
     engine: Literal["sglang", "vllm"] = "sglang"
     topology: Literal["switch", "direct", "ring"] = "switch"
@@ -163,6 +174,7 @@ class ClusterConfig(_Strict):
     model: ModelConfig
     image: str = Field(min_length=1, description="engine image (default per engine)")
     image_timeout_minutes: int = Field(default=60, ge=1)
+    image_build: ImageBuildConfig | None = Field(default=None, description="build `image` on each node")
     serving: ServingConfig
     engram: EngramConfig | None = Field(default=None, description="sglang only: packed engram shards on NVMe")
     fabric: FabricConfig = FabricConfig()

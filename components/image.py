@@ -1,4 +1,6 @@
-"""ServingImage: the engine image present on every node (pulled there by each node's engine)."""
+"""ServingImage: the engine image present on every node: pulled by each node's engine, or, when
+`imageBuild` is set, built on each node from a local context (the recipe's overlay on the base
+image, like the reference's `start.sh build`; nothing is pushed to a registry)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
+from .config import ImageBuildConfig
 from .node import SparkNode
 
 
@@ -16,29 +19,44 @@ class ServingImageArgs:
     image: str
     nodes: list[SparkNode]
     timeout_minutes: int
+    build: Optional[ImageBuildConfig] = None
 
 
 class ServingImage(pulumi.ComponentResource):
-    """One `RemoteImage` per node; `images[i]` belongs to `nodes[i]`."""
+    """One image resource per node; `images[i]` belongs to `nodes[i]`."""
 
     def __init__(self, name: str, args: ServingImageArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:ServingImage", name, None, opts)
-        self.images: list[docker.RemoteImage] = []
+        self.images: list[pulumi.CustomResource] = []
         for node in args.nodes:
-            self.images.append(
-                docker.RemoteImage(
+            node_opts = pulumi.ResourceOptions(
+                parent=self,
+                provider=node.docker,
+                # Pulling or building tens of GB on the node outlasts the 20 min default.
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=f"{args.timeout_minutes}m", update=f"{args.timeout_minutes}m"
+                ),
+            )
+            if args.build is None:
+                image = docker.RemoteImage(
                     f"{name}-{node.node.name}",
                     name=args.image,
                     # A multi-GB image shared with other stacks: destroy must not delete it.
                     keep_locally=True,
-                    opts=pulumi.ResourceOptions(
-                        parent=self,
-                        provider=node.docker,
-                        # Pulling tens of GB over the node's uplink outlasts the 20 min default.
-                        custom_timeouts=pulumi.CustomTimeouts(
-                            create=f"{args.timeout_minutes}m", update=f"{args.timeout_minutes}m"
-                        ),
-                    ),
+                    opts=node_opts,
                 )
-            )
-        self.register_outputs({"image_ids": [i.image_id for i in self.images]})
+            else:
+                image = docker.Image(
+                    f"{name}-{node.node.name}",
+                    image_name=args.image,
+                    build=docker.DockerBuildArgs(
+                        context=args.build.context,
+                        dockerfile=f"{args.build.context}/{args.build.dockerfile}",
+                        args=dict(sorted(args.build.args.items())),
+                        platform=args.build.platform,
+                    ),
+                    skip_push=True,
+                    opts=node_opts,
+                )
+            self.images.append(image)
+        self.register_outputs({})

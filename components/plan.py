@@ -11,9 +11,11 @@ import hashlib
 import json
 import shlex
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .config import ClusterConfig, NodeConfig
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # relative imageBuild.context paths start here
 GIB = 1024**3
 GB = 1000**3
 
@@ -591,9 +593,29 @@ def group_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
     return vllm_specs(cfg, stack) if cfg.engine == "vllm" else rank_specs(cfg, stack)
 
 
-def group_revision(specs: list[RankSpec]) -> str:
-    """Short hash of everything any rank runs with. Deterministic: sorted keys, no timestamps."""
-    blob = json.dumps([asdict(s) for s in specs], sort_keys=True, separators=(",", ":"))
+def build_context_digest(context: Path, dockerfile: str) -> str:
+    """Hash of every file in a build context (names, modes and contents), so a changed overlay
+    source changes the group revision and the rebuilt image restarts the whole group."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in context.rglob("*") if p.is_file() and ".git" not in p.relative_to(context).parts):
+        rel = path.relative_to(context).as_posix()
+        h.update(f"{rel}\0{path.stat().st_mode & 0o777:o}\0".encode())
+        h.update(path.read_bytes())
+    h.update(dockerfile.encode())
+    return h.hexdigest()[:16]
+
+
+def image_build_digest(cfg: ClusterConfig) -> str:
+    """"" when the image is pulled; the build context's digest when it is built on the nodes."""
+    if cfg.image_build is None:
+        return ""
+    return build_context_digest(PROJECT_ROOT / cfg.image_build.context, cfg.image_build.dockerfile)
+
+
+def group_revision(specs: list[RankSpec], image_build: str = "") -> str:
+    """Short hash of everything any rank runs with (and the overlay build's digest, when the image is
+    built on the nodes). Deterministic: sorted keys, no timestamps."""
+    blob = json.dumps([asdict(s) for s in specs], sort_keys=True, separators=(",", ":")) + image_build
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -331,6 +331,22 @@ def _extra_env(cfg: ClusterConfig) -> list[Finding]:
     return out
 
 
+@rule("image-build-context-exists")
+def _build_context(cfg: ClusterConfig) -> list[Finding]:
+    b = cfg.image_build
+    if b is None:
+        return []
+    context = plan.PROJECT_ROOT / b.context
+    if not context.is_dir():
+        return [Finding("image-build-context-exists", "imageBuild.context", b.context,
+                        "no such directory (a relative path starts at the project directory)",
+                        "clone the recipe (its Dockerfile and adapter/) there, or point imageBuild.context at it")]  # fmt: skip
+    if not (context / b.dockerfile).is_file():
+        return [Finding("image-build-context-exists", "imageBuild.dockerfile", b.dockerfile,
+                        f"not found in {b.context}", "name the Dockerfile inside imageBuild.context")]  # fmt: skip
+    return []
+
+
 @rule("tp3-padding-warning")
 def _tp3(cfg: ClusterConfig) -> list[Finding]:
     if cfg.engine == "sglang" and cfg.serving.tp_size == 3:

@@ -25,7 +25,7 @@ class SglangGroup(pulumi.ComponentResource):
     def __init__(self, name: str, args: GroupArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:SglangGroup", name, None, opts)
         specs = plan.rank_specs(args.cfg, args.stack)
-        self.revision = plan.group_revision(specs)
+        self.revision = plan.group_revision(specs, plan.image_build_digest(args.cfg))
         self.api_key_file = api_key_file(f"{name}-api-key", args.cfg, args.stack, args.api_key, args.nodes[0], self)
         self.ranks: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them

@@ -34,8 +34,9 @@ ADAPTATIONS: list[Adaptation] = [
     Adaptation("nvidia-smi, ethtool, ibdev2netdev and /dev/infiniband are stand-ins on each node; "
                "--gpus all is accepted through a stand-in nvidia-container-runtime-hook",
                "no GB10 GPU or ConnectX-7 in a container", "sim/assets/node"),
-    Adaptation("the engine image is loaded into each node's engine by the sim; RemoteImage never pulls",
-               "no registry is reachable", "sim/images.py"),
+    Adaptation("the engine image is loaded into each node's engine by the sim; RemoteImage never pulls, and the "
+               "sim stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",
+               "no registry is reachable; the test machine is not aarch64", "sim/images.py, Pulumi.sim.yaml"),
     Adaptation("nodes run as root; fabric IP = management IP on one docker network (eth0)",
                "one private docker network per simulated cluster", "sim/cluster.py"),
 ]

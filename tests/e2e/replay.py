@@ -41,11 +41,13 @@ from typing import Any, Callable
 import docker
 from docker.types import DeviceRequest, Mount, Ulimit
 
+from components.plan import build_context_digest
 from harness import Recording, Registered, Secret, reveal
 
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
 IMAGE = "docker:index/remoteImage:RemoteImage"
+BUILD = "docker:index/image:Image"
 DOCKER_PROVIDER = "pulumi:providers:docker"
 REMOTE = "command:remote:Command"
 LOCAL = "command:local:Command"
@@ -53,6 +55,7 @@ LOCAL = "command:local:Command"
 KNOWN_INPUTS = {
     DOCKER_PROVIDER: {"host", "sshOpts"},
     IMAGE: {"name", "keepLocally"},
+    BUILD: {"imageName", "build", "skipPush", "buildOnPreview"},
     VOLUME: {"name", "driver", "driverOpts", "labels"},
     CONTAINER: {
         "name", "image", "entrypoints", "command", "envs", "labels", "networkMode", "ipcMode", "gpus", "devices",
@@ -119,9 +122,14 @@ class Replay:
 
     # ------------------------------------------------------------------ planning
 
-    @staticmethod
-    def _entry(res: Registered) -> dict:
+    def _entry(self, res: Registered) -> dict:
+        extra = {}
+        if res.type == BUILD:  # like pulumi-docker, a changed build context (content) is a diff: rebuild
+            b = res.inputs["build"]
+            context = self.cwd / b["context"]
+            extra["contextDigest"] = build_context_digest(context, Path(b["dockerfile"]).name)
         return {
+            **extra,
             "type": res.type,
             "name": res.name,
             "inputs": res.inputs,
@@ -141,6 +149,8 @@ class Replay:
             return "replace"
         if kind == IMAGE:
             return "replace" if old.get("name") != new.get("name") else "update"
+        if kind == BUILD:
+            return "replace" if old.get("imageName") != new.get("imageName") else "update"
         if kind in (REMOTE, LOCAL):
             return "replace" if old.get("triggers") != new.get("triggers") else "update"
         return "update"
@@ -183,7 +193,12 @@ class Replay:
         ops: dict[str, str] = {}
         for urn in order:
             old = state.get(urn)
-            ops[urn] = "create" if old is None else self._diff(desired[urn]["type"], old["inputs"], desired[urn]["inputs"])
+            if old is None:
+                ops[urn] = "create"
+                continue
+            ops[urn] = self._diff(desired[urn]["type"], old["inputs"], desired[urn]["inputs"])
+            if ops[urn] == "same" and old.get("contextDigest") != desired[urn].get("contextDigest"):
+                ops[urn] = "update"
         cascading = True
         while cascading:  # replace_with: replaced whenever any listed resource is replaced
             cascading = False
@@ -234,6 +249,8 @@ class Replay:
         """Would this resource be replaced if input `prop` became unknown? (the provider's Diff)"""
         if entry["type"] in (CONTAINER, VOLUME):
             return True  # every docker container/volume input forces a new resource
+        if entry["type"] == BUILD:
+            return prop == "imageName"
         if entry["type"] in (REMOTE, LOCAL):
             return prop == "triggers"
         return entry["type"] == IMAGE and prop == "name"
@@ -343,6 +360,8 @@ class Replay:
                     client.images.get(inputs["name"])
                 except docker.errors.ImageNotFound:
                     client.images.pull(inputs["name"])
+            elif kind == BUILD:
+                self._build(client, inputs)
             elif kind == VOLUME:
                 labels = {lab["label"]: lab["value"] for lab in inputs.get("labels", [])}
                 client.volumes.create(name=inputs["name"], driver=inputs.get("driver", "local"),
@@ -387,9 +406,29 @@ class Replay:
                 logs = container.logs(tail=20).decode(errors="replace")
                 raise docker.errors.DockerException(f"container {i['name']} exited right away:\n{logs}")
 
+    def _build(self, client: docker.DockerClient, inputs: dict) -> None:
+        """docker build on the node's engine, the context uploaded from here (as pulumi-docker does)."""
+        b = inputs["build"]
+        context = self.cwd / b["context"]
+        client.images.build(
+            path=str(context),
+            dockerfile=str((self.cwd / b["dockerfile"]).relative_to(context)),
+            tag=inputs["imageName"],
+            buildargs=b.get("args") or {},
+            platform=b.get("platform"),
+            rm=True,
+        )
+
     def _update(self, entry: dict, old: dict, entries: dict) -> None:
         kind = entry["type"]
         inputs = reveal(entry["inputs"])
+        if kind == BUILD:
+            client, where = self._docker(entry, entries)
+            try:
+                self._build(client, inputs)
+            except Exception as exc:  # noqa: BLE001 - docker, ssh and transport errors alike
+                raise ReplayError(f"{entry['name']} on {where}: {type(exc).__name__}: {exc}") from None
+            return
         if kind in (REMOTE, LOCAL):
             self._command(entry, inputs.get("update") or inputs.get("create"), inputs)
         # providers and keepLocally changes need no call
@@ -397,8 +436,8 @@ class Replay:
     def _delete(self, entry: dict, entries: dict) -> None:
         kind = entry["type"]
         inputs = reveal(entry["inputs"])
-        if kind == DOCKER_PROVIDER or kind == IMAGE and inputs.get("keepLocally"):
-            return
+        if kind in (DOCKER_PROVIDER, BUILD) or kind == IMAGE and inputs.get("keepLocally"):
+            return  # pulumi-docker leaves a built image on the node
         if kind in (REMOTE, LOCAL):
             if inputs.get("delete"):
                 self._command(entry, inputs["delete"], inputs)

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from e2e.replay import CONTAINER, LOCAL, REMOTE, Replay, ReplayError
-from harness import run_program
+from harness import ROOT, run_program
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,24 @@ def test_diff_follows_the_providers(kind, old, new, op):
     assert Replay._diff(kind, old, new) == op
 
 
-def test_order_puts_workers_before_head_and_is_deterministic(rec):
-    entries = {r.urn: Replay._entry(r) for r in rec.resources if r.custom}
+def test_order_puts_workers_before_head_and_is_deterministic(rec, tmp_path):
+    replay = Replay(state_file=tmp_path / "s.json", cwd=ROOT)
+    entries = {r.urn: replay._entry(r) for r in rec.resources if r.custom}
     order = [entries[u]["name"] for u in Replay._order(entries)]
     assert order == [entries[u]["name"] for u in Replay._order(dict(reversed(list(entries.items()))))]
     assert order.index("sim-sglang-rank0") > max(order.index("sim-sglang-rank1"), order.index("sim-sglang-rank2"))
     assert order.index("sim-readiness-check") == len(order) - 1
+
+
+def test_a_changed_build_context_is_a_rebuild_like_the_provider(rec, tmp_path):
+    (image,) = [r for r in rec.resources if r.name == "sim-image-spark1"]
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM scratch\n")
+    image = replace(image, inputs={**image.inputs, "build": {**image.inputs["build"], "context": "ctx",
+                                                              "dockerfile": "ctx/Dockerfile"}})  # fmt: skip
+    replay = Replay(state_file=tmp_path / "s.json", cwd=tmp_path)
+    before = replay._entry(image)
+    (ctx / "Dockerfile").write_text("FROM scratch\nLABEL changed=1\n")
+    after = replay._entry(image)
+    assert before["inputs"] == after["inputs"] and before["contextDigest"] != after["contextDigest"]

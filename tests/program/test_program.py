@@ -376,3 +376,25 @@ def test_worker_mounts_the_head_address_on_its_own_link():
     rec = run_program("tp3", cluster=raw)
     assert rec.named("tp3-checkpoint-spark2").inputs["driverOpts"]["o"].startswith("addr=10.0.22.1,")
     assert rec.named("tp3-checkpoint-spark3").inputs["driverOpts"]["o"].startswith("addr=10.0.23.1,")
+
+
+def test_image_built_on_every_node_when_image_build_is_set(tmp_path):
+    ctx = tmp_path / "recipe"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM lmsysorg/sglang:dev-dsv41\nCOPY adapter /opt/dsv41\n")
+    raw = cluster_of("tp4")
+    raw["image"] = "dsv41-4x-spark:local"
+    raw["imageBuild"] = {"context": str(ctx), "args": {"B": "2", "A": "1"}}
+    rec = run_program("tp4", cluster=raw)
+    builds = rec.of_type("docker:index/image:Image")
+    assert not rec.of_type(IMAGE) and len(builds) == 4
+    for b in builds:
+        assert b.inputs["imageName"] == "dsv41-4x-spark:local" and b.inputs["skipPush"] is True
+        assert b.inputs["buildOnPreview"] is False  # preview never builds on a node
+        assert b.inputs["build"] == {"context": str(ctx), "dockerfile": f"{ctx}/Dockerfile",
+                                     "args": {"A": "1", "B": "2"}, "platform": "linux/arm64"}  # fmt: skip
+        node = b.name.rsplit("-", 1)[1]
+        assert b.provider_urn == rec.named(f"tp4-{node}-docker").urn
+    revision = rec.outputs["group_revision"]
+    (ctx / "Dockerfile").write_text("FROM lmsysorg/sglang:dev-dsv41\nCOPY adapter /opt/dsv41\nRUN true\n")
+    assert run_program("tp4", cluster=raw).outputs["group_revision"] != revision, "a changed overlay restarts the group"

@@ -59,6 +59,7 @@ FAILING = {
     "dev-image-warning": ("tp4", _set(["image"], "lmsysorg/sglang:dev-dsv41"), "image"),
     "vllm-weights-range-warning": ("tp2", lambda raw: raw, "serving.maxModelLen"),
     "kv-pin-clamp-warning": ("tp4", lambda raw: raw, "serving.maxTotalTokens"),
+    "image-build-context-exists": ("tp4", _set(["imageBuild"], {"context": "no/such/recipe"}), "imageBuild.context"),
     "ring-needs-nccl-overlay-warning": ("tp4", _set(["topology"], "ring"), "topology"),
     "pinned-revision-warning": ("tp2", _set(["model", "revision"], "main"), "model.revision"),
 }
@@ -220,3 +221,10 @@ def test_tp3_below_the_measured_static_fraction_is_refused():
 def test_nfs_server_ip_must_be_an_address():
     raw = _set(["nodes", 1, "nfsServerIp"], "head-cx7")(cluster_of("tp3"))
     assert [f.field for f in _findings(raw, "fabric-ip-is-ipv4")] == ["nodes[1].nfsServerIp"]
+
+
+def test_image_build_needs_the_dockerfile_in_the_context():
+    raw = _set(["imageBuild"], {"context": "sim/overlay", "dockerfile": "Dockerfile.canary-roce"})(cluster_of("tp4"))
+    assert [f.field for f in _findings(raw, "image-build-context-exists")] == ["imageBuild.dockerfile"]
+    ok = _set(["imageBuild"], {"context": "sim/overlay"})(cluster_of("tp4"))
+    assert _findings(ok, "image-build-context-exists") == []
