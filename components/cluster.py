@@ -8,7 +8,7 @@ from typing import Optional
 
 import pulumi
 
-from . import commands, plan
+from . import clients, commands, plan
 from .config import Settings
 from .engram import EngramShards, EngramShardsArgs
 from .image import ServingImage, ServingImageArgs
@@ -27,10 +27,7 @@ def client_config(endpoint: str, model: str, api_key: str) -> dict:
         "api_key": api_key,
         "model": model,
         "openai_env": {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": api_key, "OPENAI_MODEL": model},
-        "litellm": {
-            "model_name": model,
-            "litellm_params": {"model": f"openai/{model}", "api_base": endpoint, "api_key": api_key},
-        },
+        "litellm": clients.litellm_config(clients.Client(endpoint, api_key, model))["model_list"][0],
     }
 
 

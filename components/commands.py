@@ -23,7 +23,7 @@ def sudo(user: str) -> str:
 def key_sudo(cfg: ClusterConfig) -> str:
     """sudo for the API key file only when it lives outside the ssh user's home."""
     user = cfg.nodes[0].ssh_user
-    return "" if plan.api_key_path(cfg, "x").startswith(f"/home/{user}/") else sudo(user)
+    return "" if plan.state_dir(cfg).startswith(f"/home/{user}/") else sudo(user)
 
 
 def head_needs_sudo(cfg: ClusterConfig) -> bool:

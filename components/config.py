@@ -203,7 +203,7 @@ class ClusterConfig(_Strict):
         data.setdefault("image", defaults.get("image"))
         for section in ("serving", "model"):
             if isinstance(data.get(section), dict):
-                data[section] = {**{k: v for k, v in defaults.get(section, {}).items()}, **data[section]}
+                data[section] = {**defaults.get(section, {}), **data[section]}
         return data
 
 

@@ -43,7 +43,6 @@ class MemoryProfile:
     engram_total_gib: float  # split evenly across ranks onto each node's NVMe
     min_mem_fraction_by_tp: dict[int, float] = field(default_factory=dict)  # measured floor (boot fails below)
     published_kv_pool_by_tp: dict[int, tuple[int, int]] = field(default_factory=dict)  # pool actually obtained
-    test_double: bool = False
     engine: str = "sglang"
 
 
@@ -56,7 +55,6 @@ class VllmProfile:
     kv_gib_at: tuple[int, float]  # (max_model_len, GiB): KV grows linearly with the context length
     runtime_gb: tuple[float, float]  # system and runtime overhead, (low, high)
     max_model_len: int
-    test_double: bool = False
     engine: str = "vllm"
 
 
@@ -88,7 +86,6 @@ PROFILES: dict[str, MemoryProfile | VllmProfile] = {
         nccl_tuned_gb=0.14,
         max_context_by_tp={1: 262144, 2: 262144, 3: 262144, 4: 1048576},
         engram_total_gib=0.01,
-        test_double=True,
     ),
     "deepseek-v4.1-flash-nvfp4": VllmProfile(
         description="nvidia/DeepSeek-V4.1-Flash-NVFP4: NVFP4 experts, MXFP4 engram tables (vLLM + Ray, seed 004)",
@@ -103,7 +100,6 @@ PROFILES: dict[str, MemoryProfile | VllmProfile] = {
         kv_gib_at=(131072, 15.0),
         runtime_gb=(8.0, 12.0),
         max_model_len=1048576,
-        test_double=True,
     ),
 }
 

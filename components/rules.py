@@ -215,13 +215,11 @@ def _vllm_memory(cfg: ClusterConfig) -> list[Finding]:
     if not mp.known:
         return [Finding("memory-plan-fits", "serving.tpSize", s.tp_size,
                         f"profile {cfg.model.profile} has published figures for TP={sorted(prof.weights_gib_by_tp)} only",
-                        f"serve this checkpoint on {len(prof.weights_gib_by_tp) and min(prof.weights_gib_by_tp)} "
-                        "Sparks, or SGLang on 3-4")]  # fmt: skip
+                        f"serve this checkpoint on {min(prof.weights_gib_by_tp)} Sparks, or SGLang on 3-4")]  # fmt: skip
     r = mp.ranks[0]
     out = []
     if not r.static_fits:
-        room = r.static_pool_gib - r.weights_gib
-        fit = max(0, int(room / plan.vllm_kv_gib(cfg, 1) if room > 0 else 0))
+        fit = max(0, int((r.static_pool_gib - r.weights_gib) / plan.vllm_kv_gib(cfg, 1)))
         out.append(Finding("memory-plan-fits", "serving.maxModelLen", s.max_model_len,
                            f"gpuMemoryUtilization {s.gpu_memory_utilization:g} x {cfg.memory.unified_gib} = "
                            f"{r.static_pool_gib:.1f} GiB cannot hold weights {r.weights_gib:.0f} + KV {r.kv_gib:.1f} GiB",

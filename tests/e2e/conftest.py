@@ -57,6 +57,18 @@ def replay_for(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="module")
+def replay(replay_for, request):
+    """The Replay of the test module's STACK."""
+    return replay_for(request.module.STACK)
+
+
+@pytest.fixture(scope="module")
+def first(sim, replay, request):
+    """The scenario's first `up` of the module's STACK and one answer, timed as `first up to first answer`."""
+    return first_up(sim, replay, request.module.STACK, f"replay {request.module.STACK}: first up to first answer")
+
+
 def program(sim, stack: str, **serving):
     """Register `stack` (with serving overrides) under mocks, with the sim cluster's ssh key."""
     raw = cluster_of(stack)

@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from e2e.conftest import first_up, CLUSTER, ask, containers_of, node_sh, openai_client, program
+from e2e.conftest import CLUSTER, ask, containers_of, node_sh, openai_client, program
 from e2e.replay import CONTAINER, ReplayError
 from e2e.timings import TIMINGS
 from harness import cluster_of
@@ -32,16 +32,6 @@ def shard_mtimes() -> dict[str, str]:
 
 def rank_containers() -> dict[str, str]:
     return containers_of(STACK)
-
-
-@pytest.fixture(scope="module")
-def replay(replay_for):
-    return replay_for(STACK)
-
-
-@pytest.fixture(scope="module")
-def first(sim, replay):
-    return first_up(sim, replay, STACK, "replay: first up to first answer")
 
 
 def test_stack_file_points_at_the_sim_key(sim):
@@ -77,7 +67,7 @@ def test_second_replay_changes_nothing(sim, replay, first):
     before_shards, before_ranks = shard_mtimes(), rank_containers()
     t0 = time.monotonic()
     steps = replay.up(program(sim, STACK))
-    TIMINGS["replay: no-op up"] = time.monotonic() - t0
+    TIMINGS["replay sim: no-op up"] = time.monotonic() - t0
     assert [s.name for s in steps if s.op != "same"] == []
     assert shard_mtimes() == before_shards
     assert rank_containers() == before_ranks
@@ -102,7 +92,7 @@ def test_serving_change_replaces_every_rank_workers_first(sim, replay, first):
     assert set(after) == set(before_ranks) and not set(after.values()) & set(before_ranks.values())
     assert shard_mtimes() == before_shards
     assert "42" in ask(rec)
-    TIMINGS["replay: serving change to answer"] = time.monotonic() - t0
+    TIMINGS["replay sim: serving change to answer"] = time.monotonic() - t0
 
 
 def test_worker_lost_mid_replay_then_converges(sim, replay, first):

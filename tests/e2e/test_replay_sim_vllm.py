@@ -10,7 +10,7 @@ import urllib.request
 import openai
 import pytest
 
-from e2e.conftest import first_up, ask, containers_of, node_sh, openai_client, program
+from e2e.conftest import ask, containers_of, node_sh, openai_client, program
 from e2e.replay import CONTAINER
 from e2e.timings import TIMINGS
 
@@ -18,16 +18,6 @@ pytestmark = pytest.mark.e2e
 STACK = "sim-tp2"
 SIM_NODES = 2  # tp2's layout: a 2-node simulated cluster
 NODES = ("spark1", "spark2")
-
-
-@pytest.fixture(scope="module")
-def replay(replay_for):
-    return replay_for(STACK)
-
-
-@pytest.fixture(scope="module")
-def first(sim, replay):
-    return first_up(sim, replay, STACK, "replay vllm: first up to first answer")
 
 
 def test_first_replay_serves_through_ray(first):
@@ -77,7 +67,7 @@ def test_serving_change_replaces_the_group_head_first(sim, replay, first):
     after = containers_of(STACK, NODES)
     assert set(after) == set(before) and not set(after.values()) & set(before.values())
     assert "42" in ask(rec)
-    TIMINGS["replay vllm: serving change to answer"] = time.monotonic() - t0
+    TIMINGS["replay sim-tp2: serving change to answer"] = time.monotonic() - t0
 
 
 def test_destroy_keeps_the_checkpoint(sim, replay, first):
