@@ -1,0 +1,181 @@
+"""TEST DOUBLE of pulumi-command 1.2.1's resource plugin (`pulumi-resource-command`).
+
+The real plugin is a Go module (github.com/pulumi/pulumi-command/provider) that the Go module proxy
+reachable here refuses to serve (403 for every version and pseudo-version of it, and for its
+pulumi-go-provider dependency's version list), so the engine runs this instead; sim/adaptations.py
+lists it. It implements what the program uses, with the real provider's semantics (v1.2.1 source):
+
+- `command:remote:Command` and `command:local:Command`;
+- Diff: a change of `triggers` replaces; any other input change (create, update, delete, stdin,
+  connection, environment, logging, ...) is an update, which runs `update`, or `create` again;
+- Create/Update run the command and return the inputs plus `stdout`/`stderr`; nothing runs at preview;
+- Delete runs the *old* `delete` with the old connection; `PULUMI_COMMAND_STDOUT`/`_STDERR` hold the
+  previous output unless `addPreviousOutputInEnv` is false;
+- Read (refresh) changes nothing: commands have no live state to read;
+- remote connection like Go's x/crypto/ssh as the provider uses it: `privateKey`, `password` or the
+  ssh agent; ~/.ssh/config, identity files and known_hosts are NOT read; the host key is checked
+  only when `hostKey` is given (otherwise any key is accepted, as the real provider does);
+  `dialErrorLimit` dials (default 10) of `perDialTimeout` seconds (default 15) each;
+- a failure reports `running "<command>"` and the output, as the real provider does (which is why
+  no secret may ever be part of a command string).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import time
+from typing import Any
+
+import paramiko
+
+from .base import UNKNOWN, Diff, Provider, ProviderError, diff_inputs, has_unknown, reveal, serve
+
+REMOTE = "command:remote:Command"
+LOCAL = "command:local:Command"
+OUTPUTS = ("stdout", "stderr")
+KEY_CLASSES = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
+
+
+def load_private_key(text: str, password: str | None = None) -> paramiko.PKey:
+    for cls in KEY_CLASSES:
+        try:
+            return cls.from_private_key(io.StringIO(text), password=password)
+        except (paramiko.SSHException, ValueError):
+            continue
+    raise ProviderError("connection.privateKey: not an ed25519, ECDSA or RSA private key")
+
+
+class PinnedHostKey(paramiko.MissingHostKeyPolicy):
+    """Accept the server only if its key is the pinned `hostKey` ("<type> <base64>")."""
+
+    def __init__(self, host_key: str | None):
+        self.host_key = host_key.split()[:2] if host_key else None
+
+    def missing_host_key(self, client, hostname, key):
+        if self.host_key is None:
+            return  # the real provider ignores host keys unless one is pinned
+        if [key.get_name(), key.get_base64()] != self.host_key:
+            raise ProviderError(
+                f"ssh: host key mismatch for {hostname}: got {key.get_name()} {key.get_base64()[:16]}..., "
+                f"pinned {self.host_key[0]} {self.host_key[1][:16]}..."
+            )
+
+
+def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) -> tuple[int, str, str]:
+    host, port, user = conn["host"], int(conn.get("port", 22)), conn.get("user", "root")
+    pkey = load_private_key(conn["privateKey"], conn.get("privateKeyPassword")) if conn.get("privateKey") else None
+    attempts = int(conn.get("dialErrorLimit", 10))
+    per_dial = float(conn.get("perDialTimeout", 15))
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(PinnedHostKey(conn.get("hostKey")))
+    last: Exception | None = None
+    for attempt in range(attempts if attempts > 0 else 1_000_000):
+        try:
+            client.connect(
+                host, port=port, username=user, pkey=pkey, password=conn.get("password"),
+                timeout=per_dial, banner_timeout=per_dial, auth_timeout=per_dial,
+                allow_agent=pkey is None and not conn.get("password"), look_for_keys=False,
+            )  # fmt: skip
+            break
+        except ProviderError:
+            raise
+        except (OSError, socket.timeout, paramiko.SSHException) as exc:
+            last = exc
+            if isinstance(exc, paramiko.AuthenticationException):
+                raise ProviderError(f"ssh {user}@{host}:{port}: authentication failed: {exc}") from None
+            time.sleep(min(1.0 * (attempt + 1), 5.0))
+    else:
+        raise ProviderError(f"ssh {user}@{host}:{port}: failed to dial after {attempts} attempts: {last}")
+    try:
+        channel = client.get_transport().open_session()
+        for k, v in env.items():  # like ssh Setenv: the node's sshd may refuse these
+            channel.update_environment({k: v})
+        channel.exec_command(script)
+        if stdin:
+            channel.sendall(stdin.encode())
+        channel.shutdown_write()
+        out, err = channel.makefile("rb").read(), channel.makefile_stderr("rb").read()
+        return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
+    finally:
+        client.close()
+
+
+def run_local(inputs: dict, script: str, stdin: str | None, env: dict[str, str]) -> tuple[int, str, str]:
+    interpreter = inputs.get("interpreter") or ["/bin/sh", "-c"]
+    proc = subprocess.run(
+        [*interpreter, script],
+        cwd=inputs.get("dir") or os.getcwd(),
+        env={**os.environ, **(inputs.get("environment") or {}), **env},
+        input=stdin or "",
+        capture_output=True,
+        text=True,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+class CommandProvider(Provider):
+    name = "command"
+    version = "1.2.1"
+
+    def check(self, type_: str, olds: dict, news: dict) -> dict:
+        if type_ not in (REMOTE, LOCAL):
+            raise ProviderError(f"the command test double does not implement {type_}")
+        return news
+
+    def diff(self, type_: str, id_: str, olds: dict, news: dict, ignore: list[str]) -> Diff:
+        olds = {k: v for k, v in olds.items() if k not in OUTPUTS}
+        d = diff_inputs(olds, news, {"triggers"}, ignore)
+        return d
+
+    def _run(self, type_: str, urn: str, inputs: dict, script: str | None, previous: dict | None) -> dict:
+        """Run `script` (if any); the command's outputs."""
+        plain = reveal(inputs)
+        if not script:
+            return {"stdout": "", "stderr": ""}
+        env: dict[str, str] = {}
+        if previous is not None and plain.get("addPreviousOutputInEnv", True):
+            env = {"PULUMI_COMMAND_STDOUT": previous.get("stdout", ""), "PULUMI_COMMAND_STDERR": previous.get("stderr", "")}
+        stdin = plain.get("stdin")
+        if type_ == REMOTE:
+            code, out, err = run_remote(plain["connection"], script, stdin, env)
+        else:
+            code, out, err = run_local(plain, script, stdin, env)
+        if code != 0:
+            name = urn.rsplit("::", 1)[-1]
+            raise ProviderError(
+                f"{name}: Process exited with status {code}: running {script!r}:\n{(out + err)[-4000:]}"
+            )
+        return {"stdout": out.rstrip("\n"), "stderr": err.rstrip("\n")}
+
+    def create(self, type_: str, urn: str, inputs: dict, preview: bool) -> tuple[str, dict]:
+        if preview:
+            return "", {**inputs, "stdout": UNKNOWN, "stderr": UNKNOWN}
+        if has_unknown(inputs):
+            raise ProviderError(f"{urn}: inputs still unknown at create")
+        outputs = self._run(type_, urn, inputs, reveal(inputs.get("create")), None)
+        return urn.rsplit("::", 1)[-1] + "-" + os.urandom(4).hex(), {**inputs, **outputs}
+
+    def update(self, type_: str, urn: str, id_: str, olds: dict, news: dict, preview: bool) -> dict:
+        if preview:
+            return {**news, "stdout": UNKNOWN, "stderr": UNKNOWN}
+        script = reveal(news.get("update")) or reveal(news.get("create"))
+        previous = {k: reveal(olds.get(k, "")) for k in OUTPUTS}
+        return {**news, **self._run(type_, urn, news, script, previous)}
+
+    def delete(self, type_: str, urn: str, id_: str, state: dict) -> None:
+        previous = {k: reveal(state.get(k, "")) for k in OUTPUTS}
+        self._run(type_, urn, state, reveal(state.get("delete")), previous)
+
+    def read(self, type_: str, urn: str, id_: str, state: dict, inputs: dict) -> tuple[dict, dict]:
+        return state, inputs  # nothing to observe: the real provider's Read is a no-op too
+
+
+def main() -> None:
+    serve(CommandProvider())
+
+
+if __name__ == "__main__":
+    main()

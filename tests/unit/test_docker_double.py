@@ -1,0 +1,466 @@
+"""The docker plugin TEST DOUBLE (sim/providers/docker.py): diff rules, input -> docker SDK mapping,
+Create/Read/Update/Delete semantics against a fake docker client, and the build-context digest."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import docker.errors
+import pytest
+from google.protobuf import struct_pb2
+from pulumi.runtime.proto import provider_pb2
+
+from sim.providers import docker as dd
+from sim.providers.base import SECRET_SIG, SIG_KEY, UNKNOWN, ProviderError, to_struct
+
+URN = "urn:pulumi:sim::deepseek-spark::deepseek-spark:index:SglangGroup$docker:index/container:Container::rank0"
+
+
+def container_inputs(**over):
+    base = {
+        "name": "dspark-sim-rank0",
+        "image": "sglang-sim:test-double",
+        "entrypoints": ["/bin/sh", "-c"],
+        "command": ["serve"],
+        "envs": ["A=1", "B=2"],
+        "labels": [{"label": "deepseek-spark.rank", "value": "0"}, {"label": "deepseek-spark.stack", "value": "sim"}],
+        "networkMode": "host",
+        "ipcMode": "host",
+        "gpus": "all",
+        "devices": [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband", "permissions": "rwm"}],
+        "capabilities": {"adds": ["IPC_LOCK", "SYS_PTRACE"]},
+        "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}, {"name": "nofile", "soft": 1048576, "hard": 1048576}],
+        "mounts": [
+            {"target": "/model", "source": "ckpt", "type": "volume", "readOnly": True},
+            {"target": "/key", "source": "/var/lib/key", "type": "bind", "readOnly": True},
+        ],
+        "restart": "no",
+        "mustRun": True,
+        "wait": False,
+        "destroyGraceSeconds": 30,
+    }
+    base.update(over)
+    return base
+
+
+# ------------------------------------------------------------------------------ Container diff
+
+
+def test_changed_label_replaces_delete_before_replace():
+    olds = container_inputs()
+    news = container_inputs(labels=[{"label": "deepseek-spark.rank", "value": "1"}])
+    d = dd.DockerProvider().diff(dd.CONTAINER, "id", olds, news, [])
+    assert d.changed == ["labels"] and d.replaces == ["labels"]
+    resp = d.response()
+    assert resp.deleteBeforeReplace is True
+    assert resp.detailedDiff["labels"].kind == provider_pb2.PropertyDiff.UPDATE_REPLACE
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("name", "x"), ("image", "other:1"), ("command", ["x"]), ("entrypoints", ["x"]), ("envs", ["A=2"]),
+     ("networkMode", "bridge"), ("ipcMode", "private"), ("gpus", "1"), ("devices", []), ("ulimits", []),
+     ("mounts", []), ("capabilities", {"adds": ["IPC_LOCK"]})],
+)  # fmt: skip
+def test_force_new_fields_replace(key, value):
+    d = dd.diff_container(container_inputs(), container_inputs(**{key: value}), [])
+    assert d.replaces == [key]
+
+
+@pytest.mark.parametrize("key,value", [("restart", "unless-stopped"), ("mustRun", False), ("wait", True),
+                                       ("destroyGraceSeconds", 60), ("memory", 512)])  # fmt: skip
+def test_non_force_new_fields_update_in_place(key, value):
+    d = dd.diff_container(container_inputs(), container_inputs(**{key: value}), [])
+    assert d.changed == [key] and d.replaces == []
+    assert d.response().deleteBeforeReplace is False
+
+
+def test_ignore_changes_honoured():
+    olds, news = container_inputs(mustRun=False), container_inputs()
+    assert dd.diff_container(olds, news, ["mustRun"]).changed == []
+    assert dd.diff_container(olds, news, []).changed == ["mustRun"]
+
+
+def test_sets_ignore_order_and_defaults_fill_in():
+    olds = container_inputs()
+    news = container_inputs(envs=["B=2", "A=1"], labels=list(reversed(olds["labels"])),
+                            capabilities={"adds": ["SYS_PTRACE", "IPC_LOCK"]})  # fmt: skip
+    assert dd.diff_container(olds, news, []).changed == []
+    # restart "no" is the schema default: stating it or not is no change
+    no_restart = container_inputs()
+    del no_restart["restart"]
+    assert dd.diff_container(olds, no_restart, []).changed == []
+    # command is a list: order matters
+    assert dd.diff_container(container_inputs(command=["a", "b"]), container_inputs(command=["b", "a"]), []).replaces
+
+
+def test_computed_input_dropped_is_no_change_but_unknown_replaces():
+    news = container_inputs()
+    del news["command"]
+    assert dd.diff_container(container_inputs(), news, []).changed == []
+    after = container_inputs(labels=[{"label": "deepseek-spark.after", "value": UNKNOWN}])
+    assert dd.diff_container(container_inputs(), after, []).replaces == ["labels"]
+
+
+def test_secret_wrapper_alone_is_no_change():
+    secret = {SIG_KEY: SECRET_SIG, "value": ["A=1", "B=2"]}
+    assert dd.diff_container(container_inputs(), container_inputs(envs=secret), []).changed == []
+
+
+def test_grpc_diff_takes_must_run_from_state():
+    """A container that exited at Create has mustRun=false in its state: `up` restarts it, unless ignored."""
+    provider = dd.DockerProvider()
+    inputs = container_inputs()
+    state = {**inputs, "mustRun": False, "exitCode": 1}
+
+    def request(ignore):
+        return provider_pb2.DiffRequest(urn=URN, id="abc", olds=to_struct(state), news=to_struct(inputs),
+                                        old_inputs=to_struct(inputs), ignoreChanges=ignore)  # fmt: skip
+
+    resp = provider.Diff(request([]), None)
+    assert list(resp.diffs) == ["mustRun"] and list(resp.replaces) == []
+    assert provider.Diff(request(["mustRun"]), None).changes == provider_pb2.DiffResponse.DIFF_NONE
+
+
+# ------------------------------------------------------------------------------ other diffs
+
+
+def test_volume_diff():
+    vol = {"name": "ckpt", "driver": "local", "driverOpts": {"type": "none", "o": "bind", "device": "/m"},
+           "labels": [{"label": "deepseek-spark.stack", "value": "sim"}]}  # fmt: skip
+    for key, value in [("name", "other"), ("driver", "nfs"), ("driverOpts", {"type": "nfs"}), ("labels", [])]:
+        d = dd.DockerProvider().diff(dd.VOLUME, "ckpt", vol, {**vol, key: value}, [])
+        assert d.replaces == [key] and d.response().deleteBeforeReplace is False
+    assert dd.diff_volume(vol, dict(vol), []).changed == []
+
+
+def test_remote_image_diff():
+    img = {"name": "sglang:1", "keepLocally": True}
+    assert dd.diff_remote_image(img, {**img, "name": "sglang:2"}, []).replaces == ["name"]
+    d = dd.diff_remote_image(img, {**img, "keepLocally": False}, [])
+    assert d.changed == ["keepLocally"] and d.replaces == []
+
+
+def test_image_diff_is_always_an_update():
+    img = {"imageName": "sglang:overlay", "skipPush": True, "buildOnPreview": False,
+           "build": {"context": "o", "dockerfile": "o/Dockerfile", "platform": "linux/amd64", "contextDigest": "a"}}
+    rebuilt = {**img, "build": {**img["build"], "contextDigest": "b"}}
+    d = dd.diff_image(img, rebuilt, [])
+    assert d.changed == ["build"] and d.replaces == []
+    renamed = dd.diff_image(img, {**img, "imageName": "sglang:other"}, [])
+    assert renamed.changed == ["imageName"] and renamed.replaces == []  # pulumi-docker never replaces an Image
+    creds = dd.diff_image({**img, "registry": {"server": "r", "password": "a"}},
+                          {**img, "registry": {"server": "r", "password": "b"}}, [])  # fmt: skip
+    assert creds.changed == []
+
+
+# ------------------------------------------------------------------------------ input -> docker SDK
+
+
+def test_container_create_kwargs():
+    kw = dd.container_create_kwargs(container_inputs(envs=["A=1"], maxRetryCount=0))
+    assert kw["name"] == "dspark-sim-rank0" and kw["image"] == "sglang-sim:test-double"
+    assert kw["entrypoint"] == ["/bin/sh", "-c"] and kw["command"] == ["serve"]
+    assert kw["environment"] == ["A=1"]
+    assert kw["labels"] == {"deepseek-spark.rank": "0", "deepseek-spark.stack": "sim"}
+    assert kw["network_mode"] == "host" and kw["ipc_mode"] == "host"
+    (req,) = kw["device_requests"]
+    assert req["Count"] == -1 and req["Capabilities"] == [["gpu"]]
+    assert kw["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
+    assert kw["cap_add"] == ["IPC_LOCK", "SYS_PTRACE"] and "cap_drop" not in kw
+    assert [(u["Name"], u["Soft"], u["Hard"]) for u in kw["ulimits"]] == [
+        ("memlock", -1, -1), ("nofile", 1048576, 1048576)]  # fmt: skip
+    vol, bind = kw["mounts"]
+    assert (vol["Type"], vol["Source"], vol["Target"], vol["ReadOnly"]) == ("volume", "ckpt", "/model", True)
+    assert (bind["Type"], bind["Source"], bind["Target"], bind["ReadOnly"]) == ("bind", "/var/lib/key", "/key", True)
+    assert kw["restart_policy"] == {"Name": "no", "MaximumRetryCount": 0}
+    assert kw["init"] is False and kw["auto_remove"] is False
+
+
+def test_container_create_kwargs_defaults_and_variants():
+    kw = dd.container_create_kwargs({"name": "c", "image": "i", "restart": "unless-stopped", "gpus": "2",
+                                     "capabilities": {"drops": ["ALL"]}, "shmSize": 64,
+                                     "ports": [{"internal": 8000, "external": 30000}]})  # fmt: skip
+    assert kw["network_mode"] == "bridge"  # the schema default
+    assert kw["restart_policy"]["Name"] == "unless-stopped"
+    assert kw["device_requests"][0]["Count"] == 2
+    assert kw["cap_drop"] == ["ALL"] and "cap_add" not in kw
+    assert kw["shm_size"] == 64 * 1024 * 1024
+    assert kw["ports"] == {"8000/tcp": [("0.0.0.0", 30000)]}
+    assert "entrypoint" not in kw and "command" not in kw and "mounts" not in kw
+    assert dd.container_create_kwargs({"name": "c", "image": "i", "gpus": "device=0,1"})["device_requests"][0][
+        "DeviceIDs"] == ["0", "1"]  # fmt: skip
+    with pytest.raises(ProviderError):
+        dd.container_create_kwargs({"name": "c", "image": "i", "command": ["a", ""]})
+
+
+def test_check_rejects_unimplemented_inputs_and_types():
+    p = dd.DockerProvider()
+    assert p.check(dd.CONTAINER, {}, container_inputs()) == container_inputs()
+    with pytest.raises(ProviderError, match="uploads"):
+        p.check(dd.CONTAINER, {}, container_inputs(uploads=[{"file": "/x", "content": "y"}]))
+    with pytest.raises(ProviderError, match="does not implement resource type docker:index/network:Network"):
+        p.check("docker:index/network:Network", {}, {"name": "n"})
+    with pytest.raises(ProviderError, match="does not implement"):
+        p.create("docker:index/network:Network", "urn", {"name": "n"}, preview=False)
+
+
+# ------------------------------------------------------------------------------ fake docker client
+
+
+class FakeContainer:
+    def __init__(self, client, cid, name, running=True, exit_code=0):
+        self.client, self.id, self.name = client, cid, name
+        self.running, self.exit_code = running, exit_code
+        self.calls = []
+
+    @property
+    def attrs(self):
+        return {"Id": self.id, "State": {"Running": self.running, "ExitCode": self.exit_code}}
+
+    def start(self):
+        self.calls.append(("start",))
+        self.running = not self.client.exits_at_once
+
+    def reload(self):
+        pass
+
+    def stop(self, timeout):
+        self.calls.append(("stop", timeout))
+        self.running = False
+
+    def remove(self, force=False, v=False):
+        self.calls.append(("remove", force, v))
+        self.client.containers.items.pop(self.id, None)
+
+    def wait(self, condition):
+        self.calls.append(("wait", condition))
+
+    def update(self, **kwargs):
+        self.calls.append(("update", kwargs))
+
+
+class FakeContainers:
+    def __init__(self, client):
+        self.client, self.items, self.created = client, {}, []
+
+    def get(self, cid):
+        if cid not in self.items:
+            raise docker.errors.NotFound(f"No such container: {cid}")
+        return self.items[cid]
+
+    def create(self, **kwargs):
+        self.created.append(kwargs)
+        c = FakeContainer(self.client, f"c{len(self.created):063d}", kwargs["name"], running=False, exit_code=3)
+        self.items[c.id] = c
+        return c
+
+
+class FakeImages:
+    def __init__(self, present=()):
+        self.present = set(present)
+
+    def get(self, name):
+        if name not in self.present:
+            raise docker.errors.ImageNotFound(f"No such image: {name}")
+        return type("Img", (), {"id": "sha256:" + "1" * 64, "attrs": {"RepoDigests": []}})()
+
+
+class FakeClient:
+    def __init__(self, images=("sglang-sim:test-double",), exits_at_once=False):
+        self.containers = FakeContainers(self)
+        self.images = FakeImages(images)
+        self.exits_at_once = exits_at_once
+
+
+def provider_with(client):
+    p = dd.DockerProvider()
+    p.host = "ssh://root@spark1"
+    p._docker = client  # skip the connection
+    return p
+
+
+def test_create_starts_container_and_returns_inputs():
+    client = FakeClient()
+    p = provider_with(client)
+    cid, outputs = p.create(dd.CONTAINER, URN, container_inputs(), preview=False)
+    c = client.containers.items[cid]
+    assert c.calls == [("start",)] and c.running
+    assert outputs == container_inputs()
+    assert client.containers.created[0]["name"] == "dspark-sim-rank0"
+
+
+def test_create_of_container_that_exits_at_once_succeeds_with_must_run_false():
+    client = FakeClient(exits_at_once=True)
+    cid, outputs = provider_with(client).create(dd.CONTAINER, URN, container_inputs(), preview=False)
+    assert cid in client.containers.items  # still created
+    assert outputs["mustRun"] is False and outputs["exitCode"] == 3
+
+
+def test_create_without_image_fails_naming_the_host():
+    with pytest.raises(ProviderError) as err:
+        provider_with(FakeClient(images=())).create(dd.CONTAINER, URN, container_inputs(image="other:1"), False)
+    assert "on ssh://root@spark1" in str(err.value) and "image other:1 is not on the node" in str(err.value)
+
+
+def test_preview_never_contacts_the_engine():
+    p = dd.DockerProvider()  # not configured, no client: any engine call would raise
+    for kind, inputs in [(dd.CONTAINER, container_inputs()), (dd.VOLUME, {"name": "v"}),
+                         (dd.REMOTE_IMAGE, {"name": "i"}), (dd.IMAGE, {"imageName": "i"})]:  # fmt: skip
+        assert p.create(kind, URN, inputs, preview=True) == ("", inputs)
+        assert p.update(kind, URN, "id", inputs, inputs, preview=True) == inputs
+
+
+def test_read_container_running_gone_stopped():
+    client = FakeClient()
+    p = provider_with(client)
+    c = FakeContainer(client, "abc", "dspark-sim-rank0", running=True)
+    client.containers.items["abc"] = c
+    state, inputs = container_inputs(), container_inputs()
+    assert p.read(dd.CONTAINER, URN, "abc", state, inputs) == (state, inputs)
+    c.running, c.exit_code = False, 137
+    new_state, new_inputs = p.read(dd.CONTAINER, URN, "abc", state, inputs)
+    assert new_state["mustRun"] is False and new_state["exitCode"] == 137
+    assert new_inputs["mustRun"] is False
+    assert p.read(dd.CONTAINER, URN, "gone", state, inputs) is None
+
+
+def test_update_applies_restart_and_starts_only_when_must_run_goes_true():
+    client = FakeClient()
+    p = provider_with(client)
+    c = FakeContainer(client, "abc", "dspark-sim-rank0", running=False)
+    client.containers.items["abc"] = c
+    olds = container_inputs()
+    p.update(dd.CONTAINER, URN, "abc", olds, container_inputs(restart="unless-stopped"), preview=False)
+    assert c.calls == [("update", {"restart_policy": {"Name": "unless-stopped", "MaximumRetryCount": 0}})]
+    c.calls.clear()
+    p.update(dd.CONTAINER, URN, "abc", olds, container_inputs(destroyGraceSeconds=5), preview=False)
+    assert c.calls == []  # nothing to do on the node
+    p.update(dd.CONTAINER, URN, "abc", {**olds, "mustRun": False}, container_inputs(), preview=False)
+    assert c.calls == [("start",)]
+
+
+def test_delete_container_stops_with_grace_and_removes():
+    client = FakeClient()
+    p = provider_with(client)
+    c = FakeContainer(client, "abc", "dspark-sim-rank0")
+    client.containers.items["abc"] = c
+    p.delete(dd.CONTAINER, URN, "abc", container_inputs())
+    assert c.calls == [("stop", 30), ("remove", True, True), ("wait", "not-running")]
+    assert "abc" not in client.containers.items
+    p.delete(dd.CONTAINER, URN, "abc", container_inputs())  # already gone: fine
+
+
+def test_remote_image_keep_locally_and_read():
+    client = FakeClient(images=("sglang:1",))
+    client.images.remove = lambda *a, **k: pytest.fail("keepLocally: the image must stay")
+    p = provider_with(client)
+    rid, outputs = p.create(dd.REMOTE_IMAGE, URN, {"name": "sglang:1", "keepLocally": True}, preview=False)
+    assert rid == "sha256:" + "1" * 64 + "sglang:1" and outputs["imageId"].startswith("sha256:")
+    p.delete(dd.REMOTE_IMAGE, URN, rid, outputs)
+    assert p.read(dd.REMOTE_IMAGE, URN, rid, outputs, {"name": "sglang:1"})[0]["imageId"] == outputs["imageId"]
+    client.images.present.clear()
+    assert p.read(dd.REMOTE_IMAGE, URN, rid, outputs, {"name": "sglang:1"}) is None
+
+
+# ------------------------------------------------------------------------------ configure / ssh shim
+
+
+def test_configure_ssh_shim_from_json_or_list(monkeypatch):
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # restored after the test
+    opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=7"]
+    for given in (json.dumps(opts), opts):
+        p = dd.DockerProvider()
+        p.configure({"host": "ssh://root@10.0.0.2:2222", "sshOpts": given})
+        assert p.host == "ssh://root@10.0.0.2:2222" and p.ssh_opts == opts and p._docker is None
+        shim = os.path.join(p._shim_dir, "ssh")
+        assert os.environ["PATH"].split(os.pathsep)[0] == p._shim_dir
+        assert shutil.which("ssh") == shim
+        assert "BatchMode=yes" in open(shim).read()
+        if os.path.exists("/usr/bin/ssh"):  # the shim really hands the options to ssh (-G: print config, no connection)
+            out = subprocess.run([shim, "-G", "10.0.0.2"], capture_output=True, text=True, check=True).stdout
+            assert "connecttimeout 7" in out and "batchmode yes" in out
+    # PATH holds one shim only, whatever the number of Configure calls
+    assert sum("docker-double-ssh-" in d for d in os.environ["PATH"].split(os.pathsep)) == 1
+
+
+def test_configure_non_ssh_host_has_no_shim():
+    p = dd.DockerProvider()
+    p.configure({"host": "unix:///var/run/docker.sock"})
+    assert p._shim_dir is None and p.ssh_opts == []
+
+
+# ------------------------------------------------------------------------------ Image: Check and context digest
+
+
+@pytest.fixture
+def project(tmp_path):
+    ctx = tmp_path / "overlay"
+    (ctx / "src").mkdir(parents=True)
+    (ctx / "Dockerfile").write_text("FROM sglang-sim:test-double\nCOPY src /src\n")
+    (ctx / "src" / "patch.py").write_text("print(1)\n")
+    (ctx / "notes.md").write_text("scratch\n")
+    (ctx / ".dockerignore").write_text("# scratch\n*.md\n")
+    return tmp_path
+
+
+def image_inputs(**build):
+    return {"imageName": "sglang:overlay", "skipPush": True,
+            "build": {"context": "overlay", "dockerfile": "overlay/Dockerfile", "args": {"A": "1"}, **build}}
+
+
+def test_check_image_adds_digest_and_defaults(project):
+    p = dd.DockerProvider(cwd=project)
+    checked = p.check(dd.IMAGE, {}, image_inputs())
+    assert checked["buildOnPreview"] is False
+    assert checked["build"]["platform"] == dd.host_platform()
+    assert len(checked["build"]["contextDigest"]) == 64
+    assert p.check(dd.IMAGE, {}, image_inputs(platform="linux/arm64"))["build"]["platform"] == "linux/arm64"
+    defaults = p.check(dd.IMAGE, {}, {"imageName": "x", "skipPush": True, "build": {"context": "overlay"}})["build"]
+    assert defaults["dockerfile"] == "overlay/Dockerfile"
+
+
+def test_digest_ignores_dockerignored_files_but_not_others(project):
+    p = dd.DockerProvider(cwd=project)
+
+    def digest():
+        return p.check(dd.IMAGE, {}, image_inputs())["build"]["contextDigest"]
+
+    first = digest()
+    (project / "overlay" / "notes.md").write_text("changed, but ignored\n")
+    assert digest() == first
+    (project / "overlay" / "src" / "patch.py").write_text("print(2)\n")
+    second = digest()
+    assert second != first
+    (project / "overlay" / "src" / "patch.py").chmod(0o755)  # a mode change counts too
+    assert digest() != second
+    (project / "overlay" / "src" / "new.py").write_text("")
+    assert digest() != second
+
+
+def test_dockerfile_specific_ignore_file_wins(project):
+    p = dd.DockerProvider(cwd=project)
+    (project / "overlay" / "Dockerfile.dockerignore").write_text("src\n")
+    first = p.check(dd.IMAGE, {}, image_inputs())["build"]["contextDigest"]
+    (project / "overlay" / "src" / "patch.py").write_text("print(3)\n")
+    assert p.check(dd.IMAGE, {}, image_inputs())["build"]["contextDigest"] == first
+    (project / "overlay" / "notes.md").write_text("now counted\n")
+    assert p.check(dd.IMAGE, {}, image_inputs())["build"]["contextDigest"] != first
+
+
+def test_check_image_errors(project):
+    p = dd.DockerProvider(cwd=project)
+    with pytest.raises(ProviderError, match="Try setting `dockerfile` to 'overlay/Dockerfile'"):
+        p.check(dd.IMAGE, {}, image_inputs(dockerfile="Dockerfile"))
+    with pytest.raises(ProviderError, match="pushing"):
+        p.check(dd.IMAGE, {}, {**image_inputs(), "skipPush": False})
+    with pytest.raises(ProviderError, match="buildOnPreview"):
+        p.check(dd.IMAGE, {}, {**image_inputs(), "buildOnPreview": True})
+    unknown = p.check(dd.IMAGE, {}, image_inputs(dockerfile=UNKNOWN))
+    assert "contextDigest" not in unknown["build"]  # nothing to hash until the path is known
+
+
+def test_struct_round_trip_of_checked_image(project):
+    checked = dd.DockerProvider(cwd=project).check(dd.IMAGE, {}, image_inputs())
+    assert isinstance(to_struct(checked), struct_pb2.Struct)
