@@ -47,7 +47,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
         self.nodes = [
             SparkNode(
                 f"{name}-{node.name}",
-                SparkNodeArgs(node=node, ssh=cfg.ssh, preflight=commands.preflight(cfg, stack, rank),
+                SparkNodeArgs(node=node, ssh_opts=commands.ssh_opts(cfg), preflight=commands.preflight(cfg, stack, rank),
                               recheck_on=revision, private_key=s.ssh_private_key),
                 child,
             )  # fmt: skip
@@ -76,7 +76,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
                 f"{name}-vllm", GroupArgs(cfg, stack, s.api_key, self.nodes, self.share.volumes, prerequisites), child
             )
         self.readiness = Readiness(
-            f"{name}-readiness", ReadinessArgs(cfg, s.api_key, self.group.revision, self.group.ranks), child
+            f"{name}-readiness", ReadinessArgs(cfg, stack, s.api_key, self.group.ranks), child
         )
 
         self.endpoint = plan.endpoint(cfg)

@@ -220,12 +220,35 @@ def api_key_delete(cfg: ClusterConfig, stack: str) -> str:
     return f"{key_sudo(cfg)}rm -f {q(plan.api_key_path(cfg, stack))}\n"
 
 
+def generation_record(stack: str, revision: str) -> str:
+    """Local command of the group generation: it only states which group revision it stands for."""
+    return f"echo {q(f'{stack}: serving group generation for revision {revision}')}\n"
+
+
 READINESS_KEY_ENV = "DSPARK_API_KEY"
 
 
-def readiness(cfg: ClusterConfig) -> str:
-    """Local command: wait for rank 0 /health, then one authenticated chat completion."""
+def ssh_opts(cfg: ClusterConfig) -> list[str]:
+    """Options of the system ssh client, for the docker provider and whatever else reaches the nodes
+    from where Pulumi runs (the readiness probe): one list item each."""
+    ssh = cfg.ssh
+    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={ssh.connect_timeout}"]
+    opts += ["-o", "StrictHostKeyChecking=" + ("yes" if ssh.strict_host_key_checking else "accept-new")]
+    if ssh.known_hosts_file:
+        opts += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
+    if ssh.identity_file:
+        opts += ["-i", ssh.identity_file]
+    return opts
+
+
+def readiness(cfg: ClusterConfig, stack: str) -> str:
+    """Local command: wait for rank 0 /health, then one authenticated chat completion, failing at
+    once if a rank's container exits meanwhile."""
     r = cfg.readiness
+    ranks = [
+        f"--rank {q(f'{rank}={plan.container_name(stack, rank)}@{n.ssh_user}@{n.host}:{n.ssh_port}')}"
+        for rank, n in enumerate(cfg.nodes)
+    ]
     return " ".join(
         [
             "python3 -m components.probe",
@@ -236,5 +259,7 @@ def readiness(cfg: ClusterConfig) -> str:
             f"--prompt {q(r.prompt)}",
             f"--expect {q(r.expect)}",
             f"--key-env {READINESS_KEY_ENV}",
+            *ranks,
+            *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg)),
         ]
     )

@@ -8,11 +8,13 @@ from typing import Any
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import remote
+from pulumi_command import local, remote
 
 from . import commands, plan
 from .config import ClusterConfig
 from .node import SparkNode
+
+GENERATION_LABEL = "deepseek-spark.generation"
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,14 @@ def container_args(
     stack: str,
     engine: str,
     volume_name: Any = None,
-    after: dict[str, Any] | None = None,
+    extra_labels: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """docker.Container inputs for one rank (everything but opts), from its RankSpec.
 
-    `volume_name` (the checkpoint volume's name output) and `after` (labels holding the IDs of the
-    containers this one must start after) make those *property* dependencies: when one of them is
-    replaced delete-before-replace, the engine deletes this container first. Plain depends_on would
-    leave it running (e.g. an old head holding the rendezvous port while new workers start).
+    `volume_name` (the checkpoint volume's name output) and `extra_labels` (the generation's ID, the
+    IDs of the containers this one must start after) make those *property* dependencies: when one of
+    them is replaced delete-before-replace, the engine deletes this container first. Plain depends_on
+    would leave it running (e.g. an old head holding the rendezvous port while new workers start).
     """
     labels: dict[str, Any] = {
         plan.REVISION_LABEL: revision,
@@ -48,7 +50,7 @@ def container_args(
         "deepseek-spark.rank": str(spec.rank),
         "deepseek-spark.role": spec.role,
         "deepseek-spark.engine": engine,
-        **(after or {}),
+        **(extra_labels or {}),
     }
     return dict(
         name=spec.container_name,
@@ -89,18 +91,21 @@ def rank_container(
     args: GroupArgs,
     engine: str,
     after: list[docker.Container],
-    key_file: remote.Command,
+    generation: remote.Command | local.Command,
     parent: pulumi.Resource,
 ) -> docker.Container:
-    """One rank's container on its node, started after the containers in `after`."""
-    after_label = {}
+    """One rank's container on its node, started after the containers in `after`.
+
+    Its `deepseek-spark.generation` label is the group generation's ID: a property dependency, so
+    when the generation is replaced the engine deletes every rank (in one chain, dependents first)
+    before the new generation exists, and no new rank can start before that.
+    """
+    labels: dict[str, Any] = {GENERATION_LABEL: generation.id}
     if after:
-        after_label["deepseek-spark.after"] = pulumi.Output.all(*[c.id for c in after]).apply(
-            lambda ids: ",".join(ids)
-        )
+        labels["deepseek-spark.after"] = pulumi.Output.all(*[c.id for c in after]).apply(lambda ids: ",".join(ids))
     return docker.Container(
         name,
-        **container_args(spec, revision, args.stack, engine, args.volumes[spec.rank].name, after_label),
+        **container_args(spec, revision, args.stack, engine, args.volumes[spec.rank].name, labels),
         opts=pulumi.ResourceOptions(
             parent=parent,
             provider=args.nodes[spec.rank].docker,
@@ -108,13 +113,37 @@ def rank_container(
             delete_before_replace=True,
             # A group starts only when every node is ready (preflight, image, checkpoint, shards): a rank
             # started early can time out waiting for a node that is still pulling or packing.
-            depends_on=[*args.prerequisites, key_file, *after],
-            # A new API key must reach the server, and ranks only ever restart as a whole group.
-            replace_with=[key_file],
-            # A stopped rank must not be restarted alone by a refreshed `up` (the provider would start just
-            # that container): recovery replaces the whole group (serving.generation).
-            ignore_changes=["mustRun"],
+            depends_on=[*args.prerequisites, generation, *after],
+            # After a refresh found the rank stopped (the provider reports mustRun false), `up` replaces it
+            # instead of starting the old container again in place. A tensor-parallel group fails as a
+            # whole (NCCL is fail-stop), so a refresh finds every rank stopped or gone and they are all
+            # replaced, workers first, the head last (its labels hold the workers' IDs).
+            replace_on_changes=["mustRun"],
             custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="10m"),
+        ),
+    )
+
+
+def group_generation(
+    name: str, revision: str, stack: str, key_file: remote.Command, prerequisites: list[pulumi.Resource], parent
+) -> local.Command:
+    """The group's generation: one resource upstream of every rank, replaced whenever the group must
+    restart (a new revision, or a new API key file). Being delete-before-replace, its replacement
+    makes the engine delete all of its dependents first, in one chain and in reverse dependency
+    order (SGLang: the head, then the workers), before anything of the new group is created.
+    Per-rank replacement alone runs as parallel chains, where a new worker can start while the old
+    head still runs. Nothing runs on a node: it only records which revision it stands for."""
+    return local.Command(
+        name,
+        create=commands.generation_record(stack, revision),
+        triggers=[revision, key_file.id],
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            # Its replacement must take the old ranks down before the new generation exists.
+            delete_before_replace=True,
+            # Take the old group down only once every node is ready for the new one: shortest downtime.
+            depends_on=prerequisites,
         ),
     )
 
@@ -127,8 +156,9 @@ def api_key_file(name: str, cfg: ClusterConfig, stack: str, api_key: Any, head: 
         create=commands.api_key_create(cfg, stack),
         delete=commands.api_key_delete(cfg, stack),
         stdin=api_key,
-        # A rotated key replaces the file (and, through replace_with, every rank).
-        triggers=[api_key],
+        # A rotated key replaces the file (and, through the group generation, every rank); a new path
+        # replaces it too, so the old file is deleted instead of left behind.
+        triggers=[api_key, plan.api_key_path(cfg, stack)],
         logging=remote.Logging.NONE,
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(

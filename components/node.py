@@ -10,7 +10,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from .config import NodeConfig, SshConfig
+from .config import NodeConfig
 
 
 def docker_host(node: NodeConfig) -> str:
@@ -18,21 +18,10 @@ def docker_host(node: NodeConfig) -> str:
     return f"ssh://{node.ssh_user}@{node.host}{port}"
 
 
-def ssh_opts(ssh: SshConfig) -> list[str]:
-    """Options for the system ssh client the docker provider shells out to (one list item each)."""
-    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={ssh.connect_timeout}"]
-    opts += ["-o", "StrictHostKeyChecking=" + ("yes" if ssh.strict_host_key_checking else "accept-new")]
-    if ssh.known_hosts_file:
-        opts += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
-    if ssh.identity_file:
-        opts += ["-i", ssh.identity_file]
-    return opts
-
-
 @dataclass(frozen=True)
 class SparkNodeArgs:
     node: NodeConfig
-    ssh: SshConfig
+    ssh_opts: list[str]  # the system ssh client's options (commands.ssh_opts)
     preflight: str  # the preflight script (commands.preflight)
     recheck_on: str  # the group revision: every group (re)start is preceded by a fresh preflight
     private_key: Optional[Any] = None  # secret Output[str]; ssh-agent when None
@@ -51,7 +40,7 @@ class SparkNode(pulumi.ComponentResource):
         self.docker = docker.Provider(
             f"{name}-docker",
             host=docker_host(node),
-            ssh_opts=ssh_opts(args.ssh),
+            ssh_opts=args.ssh_opts,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.connection = remote.ConnectionArgs(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -589,23 +591,78 @@ def group_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
     return vllm_specs(cfg, stack) if cfg.engine == "vllm" else rank_specs(cfg, stack)
 
 
-def build_context_digest(context: Path, dockerfile: str) -> str:
-    """Hash of every file in a build context (names, modes and contents), so a changed overlay
-    source changes the group revision and the rebuilt image restarts the whole group."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in context.rglob("*") if p.is_file() and ".git" not in p.relative_to(context).parts):
+def _ignore_regex(pattern: str) -> re.Pattern[str]:
+    """One .dockerignore pattern as Docker matches it (Go filepath.Match, plus `**` for any depth)."""
+    out, i = "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**", i):
+            i += 2
+            if pattern.startswith("/", i):  # "**/" also matches no directory at all
+                i += 1
+                out += "(?:.*/)?"
+            else:
+                out += ".*"
+            continue
+        out += {"*": "[^/]*", "?": "[^/]"}.get(c) or (c if c in "[]-^" else re.escape(c))
+        i += 1
+    return re.compile(out + r"\Z")
+
+
+def dockerignore(context: Path) -> list[tuple[bool, re.Pattern[str]]]:
+    """The context's .dockerignore as (exclude?, regex) rules, in file order (the last match wins)."""
+    path = context / ".dockerignore"
+    rules = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        exclude = not line.startswith("!")
+        line = posixpath.normpath(line.lstrip("!").strip()).lstrip("/")
+        rules.append((exclude, _ignore_regex(line)))
+    return rules
+
+
+def context_files(context: Path) -> list[str]:
+    """The files `docker build` sends for `context`: everything but what .dockerignore excludes (a
+    pattern that matches a directory excludes what is under it; `!` patterns re-include)."""
+    rules = dockerignore(context)
+    kept = []
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
         rel = path.relative_to(context).as_posix()
+        parts = rel.split("/")
+        candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        excluded = False
+        for exclude, regex in rules:
+            if any(regex.match(c) for c in candidates):
+                excluded = exclude
+        if not excluded:
+            kept.append(rel)
+    return kept
+
+
+def build_context_digest(context: Path, dockerfile: str, args: dict[str, str] | None = None,
+                         platform: str | None = None) -> str:  # fmt: skip
+    """Hash of what a build of `context` depends on, as pulumi-docker's Image hashes it: every file
+    the build would send (names, modes, contents; .dockerignore honoured, so an ignored file changes
+    nothing), the Dockerfile, the build args and the platform. A change rebuilds the image on every
+    node and, through the group revision, restarts the whole group."""
+    h = hashlib.sha256()
+    for rel in context_files(context):
+        path = context / rel
         h.update(f"{rel}\0{path.stat().st_mode & 0o777:o}\0".encode())
         h.update(path.read_bytes())
     h.update(dockerfile.encode())
+    h.update(json.dumps({"args": dict(sorted((args or {}).items())), "platform": platform}, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
 def image_build_digest(cfg: ClusterConfig) -> str:
-    """"" when the image is pulled; the build context's digest when it is built on the nodes."""
-    if cfg.image_build is None:
+    """"" when the image is pulled; the build's digest (context, args, platform) when it is built on the nodes."""
+    b = cfg.image_build
+    if b is None:
         return ""
-    return build_context_digest(PROJECT_ROOT / cfg.image_build.context, cfg.image_build.dockerfile)
+    return build_context_digest(PROJECT_ROOT / b.context, b.dockerfile, b.args, b.platform)
 
 
 def group_revision(specs: list[RankSpec], image_build: str = "") -> str:

@@ -4,12 +4,19 @@
 returns the expected answer: /health alone can be 200 while generation is dead. The API key is
 read from an environment variable, never from the command line, and never printed.
 
-    DSPARK_API_KEY=... python3 -m components.probe --url http://10.0.0.1:8888/v1 --model m
+While it waits, it also watches every rank's container on its node (`--rank`, over the system ssh
+with the docker provider's options, `--ssh-opt`): a rank that exited fails `up` at once, naming the
+rank, its exit code and the tail of its log (the key redacted), instead of after the timeout.
+
+    DSPARK_API_KEY=... python3 -m components.probe --url http://10.0.0.1:8888/v1 --model m \
+        --rank 1=tp2-rank1@root@10.0.0.2:22 --ssh-opt=-oBatchMode=yes
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import subprocess
 import json
 import os
 import sys
@@ -53,6 +60,49 @@ def chat(base_url: str, key: str, model: str, prompt: str, timeout: float) -> st
     return data["choices"][0]["message"]["content"] or ""
 
 
+STATE_FORMAT = "{{.State.Status}} {{.State.ExitCode}}"
+LOG_LINES = 20
+
+
+def parse_rank(spec: str) -> tuple[int, str, str, int]:
+    """`<rank>=<container>@<user>@<host>:<port>` -> (rank, container, user@host, port)."""
+    rank, rest = spec.split("=", 1)
+    container, target = rest.split("@", 1)
+    target, port = target.rsplit(":", 1)
+    return int(rank), container, target, int(port)
+
+
+def on_node(target: str, port: int, ssh_opts: list[str], remote: str, timeout: float = 30) -> tuple[int, str]:
+    """Run `remote` (one shell string) on a node through the system ssh; (exit code, output)."""
+    argv = ["ssh", *ssh_opts, "-p", str(port), target, remote]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 255, f"ssh to {target} timed out"
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def exited_rank(ranks: list[str], ssh_opts: list[str], key: str, run=on_node) -> str | None:
+    """A message for the first rank whose container is no longer running, or None (all running, or
+    a node that cannot be asked right now: that is for the timeout to judge)."""
+    for spec in ranks:
+        rank, container, target, port = parse_rank(spec)
+        code, out = run(target, port, ssh_opts, f"docker inspect --format {shlex.quote(STATE_FORMAT)} {shlex.quote(container)}")
+        if code != 0:
+            if "No such object" in out or "No such container" in out:
+                return f"rank {rank} ({container} on {target}) does not exist: it was removed or never started"
+            continue
+        status, _, exit_code = out.strip().partition(" ")
+        if status in ("exited", "dead"):
+            _, logs = run(target, port, ssh_opts, f"docker logs --tail {LOG_LINES} {shlex.quote(container)} 2>&1")
+            tail = logs.replace(key, "[secret]") if key else logs
+            return (
+                f"rank {rank} ({container} on {target}) exited with code {exit_code}; "
+                f"last {LOG_LINES} log lines:\n" + "\n".join("  | " + line for line in tail.rstrip().splitlines())
+            )
+    return None
+
+
 def wait_ready(
     base_url: str,
     key: str,
@@ -64,13 +114,19 @@ def wait_ready(
     log=print,
     clock=time.monotonic,
     sleep=time.sleep,
+    ranks_down=lambda: None,
 ) -> bool:
-    """Poll until ready or timeout; returns True when ready. Logs progress and the last error."""
+    """Poll until ready or timeout; returns True when ready. Logs progress and the last error.
+    `ranks_down()` returns why a rank is down (then the wait stops at once) or None."""
     start = clock()
     last = "no attempt yet"
     stage = "health"
     while True:
         elapsed = clock() - start
+        down = ranks_down()
+        if down:
+            log(f"readiness: a rank is down after {elapsed:.0f}s, the group cannot come up: {down}")
+            return False
         try:
             if stage == "health":
                 code = get_health(base_url, timeout=min(30.0, interval * 3))
@@ -105,12 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", default="What is 19 + 23?")
     p.add_argument("--expect", default="42")
     p.add_argument("--key-env", default="DSPARK_API_KEY", help="environment variable holding the API key")
+    p.add_argument("--rank", action="append", default=[], help="<rank>=<container>@<user>@<host>:<port> to watch")
+    p.add_argument("--ssh-opt", action="append", default=[], help="one system ssh option (as the docker provider's)")
     a = p.parse_args(argv)
     key = os.environ.get(a.key_env, "")
     if not key:
         print(f"readiness: ${a.key_env} is empty; the API key must come through the environment", file=sys.stderr)
         return 2
-    ok = wait_ready(a.url, key, a.model, a.prompt, a.expect, a.timeout, a.interval, log=lambda m: print(m, flush=True))
+    ok = wait_ready(
+        a.url, key, a.model, a.prompt, a.expect, a.timeout, a.interval,
+        log=lambda m: print(m, flush=True),
+        ranks_down=lambda: exited_rank(a.rank, a.ssh_opt, key),
+    )  # fmt: skip
     return 0 if ok else 1
 
 

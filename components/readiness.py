@@ -1,8 +1,8 @@
 """Readiness: `up` succeeds only when the endpoint really answers.
 
 A local command (runs where Pulumi runs) that waits for rank 0's /health and one authenticated
-chat completion (components/probe.py). It re-runs whenever the group revision changes, i.e.
-whenever the ranks were replaced. The API key reaches it through its environment.
+chat completion (components/probe.py), failing at once if a rank exits meanwhile. It re-runs
+whenever a rank container is (re)created. The API key reaches it through its environment.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from .config import ClusterConfig
 @dataclass(frozen=True)
 class ReadinessArgs:
     cfg: ClusterConfig
+    stack: str
     api_key: Any  # secret Output[str]
-    revision: str
     ranks: list[pulumi.Resource]
 
 
@@ -33,10 +33,10 @@ class Readiness(pulumi.ComponentResource):
         cfg = args.cfg
         self.check = local.Command(
             f"{name}-check",
-            create=commands.readiness(cfg),
+            create=commands.readiness(cfg, args.stack),
             environment={commands.READINESS_KEY_ENV: args.api_key},
-            # Probe again whenever the group was replaced.
-            triggers=[args.revision],
+            # Probe again whenever any rank was (re)created: a new group, or one recovered after a refresh.
+            triggers=[r.id for r in args.ranks],
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self,

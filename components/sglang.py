@@ -14,7 +14,7 @@ import pulumi
 import pulumi_docker as docker
 
 from . import plan
-from .group import GroupArgs, api_key_file, rank_container
+from .group import GroupArgs, api_key_file, group_generation, rank_container
 
 
 class SglangGroup(pulumi.ComponentResource):
@@ -27,12 +27,15 @@ class SglangGroup(pulumi.ComponentResource):
         specs = plan.rank_specs(args.cfg, args.stack)
         self.revision = plan.group_revision(specs, plan.image_build_digest(args.cfg))
         self.api_key_file = api_key_file(f"{name}-api-key", args.cfg, args.stack, args.api_key, args.nodes[0], self)
+        self.generation = group_generation(
+            f"{name}-generation", self.revision, args.stack, self.api_key_file, args.prerequisites, self
+        )
         self.ranks: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them
             # Rank 0 starts after every worker, and is deleted first when any worker is replaced.
             after = list(self.ranks) if spec.rank == 0 else []
             container = rank_container(
-                f"{name}-rank{spec.rank}", spec, self.revision, args, "sglang", after, self.api_key_file, self
+                f"{name}-rank{spec.rank}", spec, self.revision, args, "sglang", after, self.generation, self
             )
             self.ranks.insert(0, container)
         self.register_outputs({"revision": self.revision, "ranks": [c.name for c in self.ranks]})

@@ -14,7 +14,7 @@ import pulumi
 import pulumi_docker as docker
 
 from . import plan
-from .group import GroupArgs, api_key_file, rank_container
+from .group import GroupArgs, api_key_file, group_generation, rank_container
 
 
 class VllmRayGroup(pulumi.ComponentResource):
@@ -27,10 +27,13 @@ class VllmRayGroup(pulumi.ComponentResource):
         specs = plan.vllm_specs(args.cfg, args.stack)
         self.revision = plan.group_revision(specs, plan.image_build_digest(args.cfg))
         self.api_key_file = api_key_file(f"{name}-api-key", args.cfg, args.stack, args.api_key, args.nodes[0], self)
+        self.generation = group_generation(
+            f"{name}-generation", self.revision, args.stack, self.api_key_file, args.prerequisites, self
+        )
         self.ranks: list[docker.Container] = []
         for spec in specs:  # head first: every worker joins its Ray head (head created first, deleted last)
             after = [self.ranks[0]] if spec.rank > 0 else []
             self.ranks.append(
-                rank_container(f"{name}-rank{spec.rank}", spec, self.revision, args, "vllm", after, self.api_key_file, self)
+                rank_container(f"{name}-rank{spec.rank}", spec, self.revision, args, "vllm", after, self.generation, self)
             )
         self.register_outputs({"revision": self.revision, "ranks": [c.name for c in self.ranks]})

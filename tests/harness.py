@@ -95,6 +95,7 @@ class Registered:
     replace_with: list[str]
     custom_timeouts: dict
     ignore_changes: list[str]
+    replace_on_changes: list[str] = field(default_factory=list)
 
     @property
     def provider_urn(self) -> str:
@@ -152,6 +153,7 @@ class RecordingMonitor(pmocks.MockMonitor):
                     replace_with=list(request.replace_with),
                     custom_timeouts=json_format.MessageToDict(request.customTimeouts),
                     ignore_changes=list(request.ignoreChanges),
+                    replace_on_changes=list(request.replaceOnChanges),
                 )
             )
         return resp

@@ -13,11 +13,12 @@ registered inputs are compared with a small model of what the providers do with 
   in-place update, which runs `update` or, when unset, `create` again.
 - docker provider: configuration changes update the provider in place (none force a replacement).
 - `replace_with=[X]` (engine option): replacing X replaces the resource too.
-
-The engine also replaces a dependent of a delete-before-replace resource when one of the dependent's
-*inputs* comes from it (property dependencies). No resource here takes an input from a rank
-container or a shard (ranks are ordered with `depends_on` only), so the model needs no rule for it.
+- property dependencies: an input that comes from a replaced resource is unknown at preview, so the
+  dependent is replaced when the provider would replace it for a change of that input (the group
+  generation's ID in every rank's labels and the readiness probe's triggers).
 A resource type without a rule fails the test, so the model is extended when the program grows.
+It decides *which* resources change, never in which order: the engine runs independent steps in
+parallel chains, and the order is asserted only against the real engine (tests/e2e).
 """
 
 from __future__ import annotations
@@ -79,18 +80,21 @@ def plan_steps(before: Recording, after: Recording) -> dict[str, Step]:
         if urn not in new:
             steps[urn] = Step("delete", r, r)
     grew = True
-    while grew:  # replace_with and replaced providers propagate replacements
+    while grew:  # replace_with, replaced providers and inputs from replaced resources propagate
         grew = False
         for step in steps.values():
             if step.op in ("replace", "create", "delete"):
                 continue
             r = step.resource
             causes = [u for u in r.replace_with if steps.get(u) and steps[u].op == "replace"]
+            for prop, urns in r.property_dependencies.items():
+                if any(steps.get(u) and steps[u].op == "replace" for u in urns) and _op_for(r, [prop])[0] == "replace":
+                    causes += [u for u in urns if steps.get(u) and steps[u].op == "replace"]
             if r.provider_urn and steps.get(r.provider_urn) and steps[r.provider_urn].op == "replace":
                 causes.append(r.provider_urn)
             if causes:
                 step.op, grew = "replace", True
-                step.why = "replace_with: " + ", ".join(steps[u].resource.name for u in causes)
+                step.why = "replaced with: " + ", ".join(steps[u].resource.name for u in causes)
     return steps
 
 
@@ -163,17 +167,21 @@ def test_an_unchanged_config_previews_no_changes(baseline):
     again = run_program("tp4")
     steps = plan_steps(baseline, again)
     assert {s.op for s in steps.values()} == {"same"}
-    # 4 x (docker provider, preflight, image, volume, engram shard, rank) + export, api key file, readiness
-    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 6 + 3
+    # 4 x (docker provider, preflight, image, volume, engram shard, rank) + export, api key file,
+    # group generation, readiness
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 6 + 4
 
 
 def test_the_model_catches_a_forced_replacement():
-    """Guard against a vacuous model: a changed volume input is a replacement of exactly that volume."""
+    """Guard against a vacuous model: a changed volume input replaces that volume, the rank that
+    mounts it (its mount source is the volume's name) and the head (its labels hold that rank's ID)."""
     before, after = run_program("tp4"), run_program("tp4")
     vol = after.named("tp4-checkpoint-spark3")
     vol.inputs = dict(vol.inputs, driverOpts={**vol.inputs["driverOpts"], "o": "addr=10.0.0.9"})
     steps = plan_steps(before, after)
-    assert by_op(steps, "replace") == {"tp4-checkpoint-spark3"}
+    # ... and the readiness probe, whose triggers are the ranks' IDs.
+    assert by_op(steps, "replace") == {"tp4-checkpoint-spark3", "tp4-sglang-rank2", "tp4-sglang-rank0",
+                                       "tp4-readiness-check"}  # fmt: skip
     cmd = after.named("tp4-spark2-preflight")
     cmd.inputs = dict(cmd.inputs, create="true\n")
     assert by_op(plan_steps(before, after), "update") == {"tp4-spark2-preflight"}
@@ -195,14 +203,16 @@ def test_a_serving_change_replaces_exactly_the_rank_containers(baseline, change)
     assert old_rev != new_rev
 
     ranks = {f"tp4-sglang-rank{i}" for i in range(4)}
-    # The readiness probe is a local command whose only trigger is the group revision: a new revision
-    # replaces it, i.e. `up` probes the endpoint again once the new group is up. It touches no node.
-    # Each node's read-only preflight has the same trigger: every group (re)start is checked first.
+    # The group generation's trigger is the revision: replaced, it takes every rank with it (their
+    # labels hold its ID), and the readiness probe (its triggers are the ranks' IDs) runs again.
+    # Each node's read-only preflight is triggered by the revision: every group (re)start is checked first.
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}
-    assert by_op(steps, "replace") == ranks | {"tp4-readiness-check"} | preflights
+    group = {"tp4-sglang-generation", "tp4-readiness-check"}
+    assert by_op(steps, "replace") == ranks | group | preflights
+    generation = next(s for s in steps.values() if s.resource.name == "tp4-sglang-generation")
+    assert generation.changed == ["create", "triggers"] and generation.resource.inputs["triggers"][0] == new_rev
     readiness = next(s for s in steps.values() if s.resource.name == "tp4-readiness-check")
-    assert readiness.changed == ["triggers"] and readiness.resource.inputs["triggers"] == [new_rev]
-    assert readiness.before.inputs["triggers"] == [old_rev]
+    assert readiness.changed == [] and set(readiness.why.split(": ")[1].split(", ")) == ranks
     assert by_op(steps, "update") == set() and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
 
     for step in steps.values():
@@ -240,7 +250,8 @@ def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group
     after = run_program("tp4", cluster=cluster)
     steps = plan_steps(baseline, after)
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}  # re-checked before every group start
-    assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | {"tp4-readiness-check"} | preflights
+    group = {"tp4-sglang-generation", "tp4-readiness-check"}
+    assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | group | preflights
     assert by_op(steps, "update") == {"tp4-checkpoint-export"}  # create changed, triggers did not
     export = next(s for s in steps.values() if s.resource.name == "tp4-checkpoint-export")
     assert export.changed == ["create"] and "10.0.0.14(ro," in export.resource.inputs["create"]

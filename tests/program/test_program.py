@@ -224,12 +224,16 @@ def test_images_on_every_node_kept_on_destroy(rec, stack):
 
 
 def test_readiness_waits_for_all_ranks_and_gets_key_by_env(rec):
-    (check,) = rec.of_type(LOCAL)
+    (check,) = [r for r in rec.of_type(LOCAL) if r.name.endswith("-readiness-check")]
     assert {r.urn for r, _ in ranks(rec)} <= set(check.dependencies)
     env = check.inputs["environment"]
     assert env == {"DSPARK_API_KEY": Secret(TEST_API_KEY)}
-    assert check.inputs["triggers"] == [rec.outputs["group_revision"]]
+    # Probes again whenever any rank is (re)created: its triggers are the rank containers' IDs.
+    assert check.inputs["triggers"] == [f"{r.name}-id" for r, _ in ranks(rec)]
+    assert set(check.property_dependencies["triggers"]) == {r.urn for r, _ in ranks(rec)}
     assert "components.probe" in check.inputs["create"]
+    for rank, (res, labels) in enumerate(ranks(rec)):  # it watches every rank on its node
+        assert f"--rank {rank}={res.inputs['name']}@" in check.inputs["create"]
 
 
 def test_api_key_file_written_from_stdin_on_the_head(rec, stack):
@@ -238,9 +242,12 @@ def test_api_key_file_written_from_stdin_on_the_head(rec, stack):
     assert key_cmd.inputs["stdin"] == Secret(TEST_API_KEY)
     assert key_cmd.inputs["logging"] == "none"
     assert key_cmd.delete_before_replace
-    assert all(key_cmd.urn in res.replace_with for res, _ in ranks(rec))
-    (head, _) = ranks(rec)[0]
-    assert key_cmd.urn in head.dependencies
+    # A new key or a new file path replaces the file (the old one is deleted, not left behind).
+    key, path = key_cmd.inputs["triggers"]
+    assert key == Secret(TEST_API_KEY) and path.endswith(f"/{stack}/api-key") and path in key_cmd.inputs["create"]
+    # ... and the group generation, whose triggers hold the file's ID, and with it every rank.
+    (generation,) = [r for r in rec.of_type(LOCAL) if r.name.endswith("-generation")]
+    assert generation.property_dependencies["triggers"] == [key_cmd.urn]
 
 
 def test_secrets_never_in_plain_inputs_labels_or_outputs(rec):
@@ -323,11 +330,23 @@ def _label(res, name):
     return {lab["label"]: lab["value"] for lab in res.inputs["labels"]}.get(name)
 
 
+def test_every_rank_takes_its_label_from_the_group_generation(rec):
+    """One resource upstream of every rank, replaced delete-before-replace whenever the group must
+    restart: the engine then deletes every rank in its chain before any new rank can start."""
+    (generation,) = [r for r in rec.of_type(LOCAL) if r.name.endswith("-generation")]
+    assert generation.delete_before_replace
+    assert generation.inputs["triggers"][0] == rec.outputs["group_revision"]
+    for res, labels in ranks(rec):
+        assert labels["deepseek-spark.generation"] == f"{generation.name}-id"
+        assert generation.urn in res.property_dependencies["labels"]
+
+
 def test_head_inputs_come_from_every_worker_so_it_is_deleted_first(sg_rec):
     """depends_on alone would let the engine replace workers while the old head still holds distPort."""
     (head, _), *workers = ranks(sg_rec)
     assert _label(head, "deepseek-spark.after") == ",".join(f"{w.name}-id" for w, _ in workers)
-    assert set(head.property_dependencies["labels"]) == {w.urn for w, _ in workers}
+    generation = next(r for r in sg_rec.resources if r.name.endswith("-generation"))
+    assert set(head.property_dependencies["labels"]) == {w.urn for w, _ in workers} | {generation.urn}
     assert all(_label(w, "deepseek-spark.after") is None for w, _ in workers)
 
 
@@ -345,8 +364,10 @@ def test_every_rank_waits_for_every_nodes_prerequisites(rec, stack):
         assert needed <= {short(d) for d in res.dependencies}, res.name
 
 
-def test_a_stopped_rank_is_never_restarted_alone(rec):
-    assert all(res.ignore_changes == ["mustRun"] for res, _ in ranks(rec))
+def test_a_rank_found_stopped_is_replaced_not_started_in_place(rec):
+    """After a refresh found a rank stopped (mustRun false), `up` must not start the old container
+    alone (the provider's in-place update): mustRun forces a replacement."""
+    assert all(res.replace_on_changes == ["mustRun"] and not res.ignore_changes for res, _ in ranks(rec))
 
 
 def test_preflight_reruns_before_every_group_start(rec, stack):

@@ -68,8 +68,8 @@ def test_worker_depends_on_head_not_the_reverse(rec):
     assert worker.urn not in head.dependencies
     assert all(c.delete_before_replace for c in (head, worker))
     assert all(c.inputs["restart"] == "no" for c in (head, worker))
-    key = rec.named("tp2-vllm-api-key")
-    assert key.urn in head.dependencies and all(key.urn in c.replace_with for c in (head, worker))
+    generation = rec.named("tp2-vllm-generation")
+    assert all(generation.urn in c.property_dependencies["labels"] for c in (head, worker))
 
 
 def test_each_container_waits_for_its_node(rec):
@@ -126,7 +126,7 @@ def test_any_serving_change_replaces_the_whole_group(rec, change):
 
 
 def test_readiness_and_outputs(rec):
-    (check,) = rec.of_type("command:local:Command")
+    (check,) = [r for r in rec.of_type("command:local:Command") if r.name.endswith("-readiness-check")]
     assert {c.urn for c in containers(rec)} <= set(check.dependencies)
     assert check.inputs["environment"] == {"DSPARK_API_KEY": Secret(TEST_API_KEY)}
     assert "--url http://10.0.0.1:8000/v1" in check.inputs["create"]
@@ -183,4 +183,4 @@ def test_ray_worker_inputs_come_from_the_head_so_it_goes_first(rec):
     head, worker = containers(rec)
     labels = {lab["label"]: lab["value"] for lab in worker.inputs["labels"]}
     assert labels["deepseek-spark.after"] == "tp2-vllm-rank0-id"
-    assert worker.property_dependencies["labels"] == [head.urn]
+    assert set(worker.property_dependencies["labels"]) == {head.urn, rec.named("tp2-vllm-generation").urn}

@@ -135,13 +135,13 @@ def test_hostile_values_stay_quoted(node_env):
     cfg = cfg_for(node_env, model={"checkpointDir": "/srv/models/x;touch${IFS}PWNED", "revision": "r'1",
                                    "servedName": "m $(touch PWNED)"})  # fmt: skip
     for script in (commands.preflight(cfg, "tp4", 0), commands.export_create(cfg, "tp4"),
-                   commands.engram_pack(cfg, "tp4", 0), commands.readiness(cfg)):  # fmt: skip
+                   commands.engram_pack(cfg, "tp4", 0), commands.readiness(cfg, "tp4")):  # fmt: skip
         assert subprocess.run(["/bin/sh", "-n", "-c", script]).returncode == 0
     run(commands.preflight(cfg, "tp4", 0), node_env)
     assert not (node_env / "PWNED").exists() and not os.path.exists("PWNED")
     assert commands.export_line(cfg).startswith("/srv/models/x;touch${IFS}PWNED ")
     assert shlex.quote(commands.export_line(cfg)) in commands.export_create(cfg, "tp4")
-    assert "'m $(touch PWNED)'" in commands.readiness(cfg)
+    assert "'m $(touch PWNED)'" in commands.readiness(cfg, "tp4")
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ def test_sudo_only_for_non_root():
 
 
 def test_readiness_takes_the_key_from_the_environment():
-    cmd = commands.readiness(parse_cluster(cluster_of("tp4")))
+    cmd = commands.readiness(parse_cluster(cluster_of("tp4")), "tp4")
     assert cmd.startswith("python3 -m components.probe --url http://10.0.0.1:8888/v1")
     assert f"--key-env {commands.READINESS_KEY_ENV}" in cmd and "--timeout 1800" in cmd
 
