@@ -1,36 +1,44 @@
-"""Shared fixtures of the e2e tier: the simulated cluster, a replay per test module, timings."""
+"""Shared fixtures of the e2e tier: the simulated cluster, the real Pulumi CLI on a project per test
+module, the nodes' docker events, the OpenAI client from `python -m components.clients`, timings."""
 
 import os
+import secrets
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from e2e.replay import Replay
+from e2e.pulumi_cli import PulumiProject, engine_dir
 from e2e.timings import TIMINGS
-from harness import ROOT, Secret, cluster_of, run_program
 
 CLUSTER = "sim"  # Pulumi.sim.yaml and Pulumi.sim-tp2.yaml point at this cluster's ssh key and known_hosts
 
 
-def engine_available() -> bool:
-    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-
-
-def require_engine() -> None:
-    if engine_available():
+def require(what: str, ok: bool, fix: str) -> None:
+    if ok:
         return
-    reason = "no docker engine: run `bash .ci/setup` (installs docker.io, starts dockerd, builds the sim images)"
+    reason = f"no {what}: {fix}"
     if os.environ.get("CI") == "true":
         pytest.fail(reason)
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def engine() -> Path:
+    """The Pulumi CLI built by .ci/engine-setup (cached)."""
+    found = engine_dir()
+    require("Pulumi CLI", found is not None and (found / "pulumi").exists(), "run `bash .ci/setup` (builds it)")
+    return found
+
+
 @pytest.fixture(scope="module")
 def sim(request):
     """A fresh simulated cluster (SIM_NODES of the test module, default 3), deleted afterwards."""
-    require_engine()
+    engine_up = subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    require("docker engine", engine_up, "run `bash .ci/setup` (installs docker.io, starts dockerd, builds the sim images)")
     from sim import cluster as sim_cluster
 
     t0 = time.monotonic()
@@ -44,51 +52,22 @@ def sim(request):
 
 
 @pytest.fixture(scope="module")
-def replay_for(tmp_path_factory):
-    """replay_for(stack) -> a Replay with its own state file, naming nodes in its messages."""
-
-    def make(stack: str) -> Replay:
-        return Replay(
-            state_file=tmp_path_factory.mktemp(f"replay-{stack}") / "state.json",
-            node_names={n["host"]: n["name"] for n in cluster_of(stack)["nodes"]},
-            cwd=ROOT,
-        )
-
-    return make
-
-
-@pytest.fixture(scope="module")
-def replay(replay_for, request):
-    """The Replay of the test module's STACK."""
-    return replay_for(request.module.STACK)
+def project(sim, engine, tmp_path_factory, request) -> PulumiProject:
+    """The module's STACK as a user sets it up: stack init, a fresh API key and the sim's ssh key as
+    secret config, a local file backend, the passphrase secrets provider."""
+    stack = request.module.STACK
+    api_key = "sk-e2e-" + secrets.token_hex(20)
+    p = PulumiProject.create(
+        tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine,
+        secrets={"apiKey": api_key, "sshPrivateKey": Path(sim.private_key).read_text()},
+    )  # fmt: skip
+    p.api_key = api_key
+    return p
 
 
-@pytest.fixture(scope="module")
-def first(sim, replay, request):
-    """The scenario's first `up` of the module's STACK and one answer, timed as `first up to first answer`."""
-    return first_up(sim, replay, request.module.STACK, f"replay {request.module.STACK}: first up to first answer")
-
-
-def program(sim, stack: str, **serving):
-    """Register `stack` (with serving overrides) under mocks, with the sim cluster's ssh key."""
-    raw = cluster_of(stack)
-    raw["serving"].update(serving)
-    return run_program(stack, cluster=raw, ssh_key=Path(sim.private_key).read_text())
-
-
-def first_up(sim, replay: Replay, stack: str, label: str):
-    """The scenario's first `up` and one answer through client_config; times it as `label`."""
-    rec = program(sim, stack)
-    t0 = time.monotonic()
-    steps = replay.up(rec)
-    answer = ask(rec)
-    TIMINGS[label] = time.monotonic() - t0
-    return rec, steps, answer
-
-
-def node_sh(node: str, cmd: str) -> str:
+def node_sh(node: str, cmd: str, check: bool = True) -> str:
     out = subprocess.run(["docker", "exec", f"{CLUSTER}-{node}", "sh", "-c", cmd], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0 or not check, out.stderr
     return out.stdout
 
 
@@ -103,21 +82,64 @@ def containers_of(stack: str, nodes=("spark1", "spark2", "spark3")) -> dict[str,
     return out
 
 
-def openai_client(rec, key=None):
+@dataclass(frozen=True)
+class Event:
+    """One container event of a node's docker engine (its own clock: the nodes share the host's)."""
+
+    t: float
+    node: str
+    action: str  # create, start, die, stop, destroy, ...
+    name: str
+
+
+def container_events(since: float, until: float, nodes=("spark1", "spark2", "spark3")) -> list[Event]:
+    fmt = "'{{.TimeNano}} {{.Action}} {{.Actor.Attributes.name}}'"
+    events = []
+    for node in nodes:
+        cmd = f"docker events --since {since:.3f} --until {until:.3f} --filter type=container --format {fmt}"
+        for line in node_sh(node, cmd).splitlines():
+            nano, action, name = line.split(" ", 2)
+            events.append(Event(int(nano) / 1e9, node, action, name))
+    return sorted(events, key=lambda e: e.t)
+
+
+def first_event(events: list[Event], action: str, name: str) -> Event:
+    return next(e for e in events if e.action == action and e.name == name)
+
+
+def client_env(project: PulumiProject, tmp_path: Path) -> dict[str, str]:
+    """`python -m components.clients --stack X --format openai-env`: the env file a user's tools read,
+    made from the real `pulumi stack output --json --show-secrets`."""
+    out = tmp_path / f"{project.stack}.env"
+    proc = subprocess.run(
+        [sys.executable, "-m", "components.clients", "--stack", project.stack, "--format", "openai-env",
+         "--out", str(out)],
+        cwd=project.work_dir, env=project.env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (out.stat().st_mode & 0o777) == 0o600
+    return dict(line.split("=", 1) for line in out.read_text().splitlines() if line and not line.startswith("#"))
+
+
+def openai_client(env: dict[str, str], key: str | None = None):
     import openai
 
-    cc = rec.outputs["client_config"]
-    assert isinstance(cc, Secret), "client_config must be a secret output"
-    cc = cc.value
-    return openai.OpenAI(base_url=cc["base_url"], api_key=key or cc["api_key"], max_retries=0, timeout=30), cc["model"]
+    client = openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=key or env["OPENAI_API_KEY"], max_retries=0,
+                           timeout=30)  # fmt: skip
+    return client, env["OPENAI_MODEL"]
 
 
-def ask(rec, key=None) -> str:
-    client, model = openai_client(rec, key)
+def ask(env: dict[str, str], key: str | None = None) -> str:
+    client, model = openai_client(env, key)
     resp = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}], max_tokens=32
     )
     return resp.choices[0].message.content
+
+
+def resources_summary(text: str) -> str:
+    """The `Resources:` block of a preview or update: what a reviewer reads first."""
+    return text.split("\nResources:", 1)[-1].split("\n\n", 1)[0] if "\nResources:" in text else ""
 
 
 def pytest_terminal_summary(terminalreporter):

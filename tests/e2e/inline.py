@@ -1,0 +1,63 @@
+"""`pulumi preview|up` of a stack, with __main__.py run as an Automation API inline program.
+
+    python tests/e2e/inline.py preview|up --stack sim --work-dir DIR [--diff] [--policy-pack policy]
+
+Everything else in the e2e tier is the plain Pulumi CLI. Only the program's execution differs from
+a user's `pulumi up --stack sim`: the CLI would start pulumi-language-python, which cannot be built
+here (the module proxy refuses its module), so the CLI connects to the Automation API's in-process
+language server instead (`--client`) and the program runs in this process. The CLI's own output
+(the rendered preview a reviewer reads, the update's summary) is passed through unchanged on
+stdout. Exit code: the CLI's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("op", choices=["preview", "up"])
+    ap.add_argument("--stack", required=True)
+    ap.add_argument("--work-dir", required=True, help="the project directory (Pulumi.yaml, Pulumi.<stack>.yaml)")
+    ap.add_argument("--diff", action="store_true")
+    ap.add_argument("--policy-pack", action="append", default=[])
+    ap.add_argument("--refresh", action="store_true")
+    args = ap.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    from pulumi import automation as auto
+
+    work_dir = Path(args.work_dir).resolve()
+
+    def program() -> None:
+        # As the language host would run it: from the project directory, as __main__.
+        os.chdir(work_dir)
+        runpy.run_path(str(work_dir / "__main__.py"), run_name="__main__")
+
+    cli = auto.PulumiCommand(root=str(Path(os.environ["DSPARK_ENGINE_DIR"]).parent))
+    ws = auto.LocalWorkspace(work_dir=str(work_dir), program=program, pulumi_command=cli)
+    stack = auto.Stack.select(args.stack, ws)
+    common = dict(on_output=lambda line: print(line, end="" if line.endswith("\n") else "\n", flush=True),
+                  color="never", policy_packs=args.policy_pack or None, diff=args.diff or None,
+                  refresh=args.refresh or None)  # fmt: skip
+    try:
+        if args.op == "preview":
+            stack.preview(**common)
+        else:
+            stack.up(**common)
+    except auto.CommandError as exc:
+        # The CLI's output already went to stdout line by line; the exception repeats stderr.
+        print(str(exc).split("stderr:", 1)[-1].strip(), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

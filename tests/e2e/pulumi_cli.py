@@ -1,0 +1,149 @@
+"""The real Pulumi CLI against the simulated cluster: one project directory, one stack, a local
+file backend and the passphrase secrets provider, as a user would set them up.
+
+    p = PulumiProject.create(tmp, "sim", engine_dir)     # stack init + secrets, like the README
+    p.preview(diff=True, policy_pack=True).text          # what a reviewer reads
+    p.up(); p.outputs(); p.refresh(); p.destroy()
+
+`preview`/`up` run __main__.py through tests/e2e/inline.py (the Automation API's inline program)
+because pulumi-language-python cannot be built here; every other command is the plain CLI. The
+docker and command resource plugins on PATH are the TEST DOUBLES in sim/providers, the only ones
+the engine can find (automatic plugin downloads are off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e.timings import TIMINGS
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSPHRASE = "e2e-only-passphrase"  # protects a throwaway test stack's secrets, nothing else
+# The pack as a binary analyzer: without pulumi-language-python the CLI cannot start `policy` itself.
+POLICY_PACK = "policy/analyzer"
+LINKED = ("__main__.py", "components", "policy", "sim")  # the project's code, shared with the repo
+
+
+def engine_dir() -> Path | None:
+    """Where .ci/engine-setup put the CLI (it prints the directory on its last line; cached: <1 s)."""
+    if os.environ.get("DSPARK_ENGINE_DIR"):
+        return Path(os.environ["DSPARK_ENGINE_DIR"])
+    proc = subprocess.run(["bash", str(ROOT / ".ci/engine-setup")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Run:
+    """One CLI command: its exit code, its output (stdout then stderr) and how long it took."""
+
+    args: list[str]
+    code: int
+    text: str
+    seconds: float
+
+    def check(self) -> "Run":
+        assert self.code == 0, f"`pulumi {' '.join(self.args)}` failed ({self.code}):\n{self.text[-6000:]}"
+        return self
+
+
+class PulumiProject:
+    def __init__(self, work_dir: Path, stack: str, engine: Path):
+        self.work_dir, self.stack, self.engine = work_dir, stack, engine
+        self.env = {
+            **os.environ,
+            "PATH": os.pathsep.join([str(engine), str(ROOT / "sim/providers/bin"), os.environ["PATH"]]),
+            "PULUMI_HOME": str(work_dir.parent / "pulumi-home"),
+            "PULUMI_BACKEND_URL": (work_dir.parent / "state").as_uri(),
+            "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+            "PULUMI_SKIP_UPDATE_CHECK": "true",
+            "PULUMI_SKIP_CONFIRMATIONS": "true",
+            "DSPARK_ENGINE_DIR": str(engine),
+            "DSPARK_PYTHON": sys.executable,
+            "NO_COLOR": "1",
+        }
+
+    @classmethod
+    def create(cls, base: Path, stack: str, engine: Path, secrets: dict[str, str]) -> "PulumiProject":
+        """A project directory like a checkout (stack file copied: the CLI writes to it), the stack
+        initialised with the passphrase provider and `secrets` set as secret config."""
+        work = base / "project"
+        work.mkdir(parents=True)
+        for name in ("Pulumi.yaml", f"Pulumi.{stack}.yaml"):
+            shutil.copy(ROOT / name, work / name)
+        for name in LINKED:
+            (work / name).symlink_to(ROOT / name)
+        (base / "state").mkdir()
+        p = cls(work, stack, engine)
+        p.cli("stack", "init", stack, "--secrets-provider", "passphrase").check()
+        for key, value in secrets.items():
+            p.cli("config", "set", "--secret", f"deepseek-spark:{key}", stdin=value).check()
+        return p
+
+    # ------------------------------------------------------------------ commands
+
+    def cli(self, *args: str, stdin: str | None = None, timeout: float = 900) -> Run:
+        """`pulumi <args> --stack <stack> --non-interactive` (flags go before a `--` in args)."""
+        flags = ["--non-interactive"] if args[:2] == ("stack", "init") else ["--stack", self.stack, "--non-interactive"]
+        cut = args.index("--") if "--" in args else len(args)
+        full = [*args[:cut], *flags, *args[cut:]]
+        return self._run([str(self.engine / "pulumi"), *full], list(args), stdin, timeout)
+
+    def _run(self, argv: list[str], label: list[str], stdin: str | None, timeout: float) -> Run:
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, cwd=self.work_dir, env=self.env, input=stdin or "", capture_output=True,
+                              text=True, timeout=timeout)  # fmt: skip
+        return Run(label, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0)
+
+    def _inline(self, op: str, diff: bool, policy_pack: bool, refresh: bool = False, timeout: float = 900) -> Run:
+        argv = [sys.executable, str(ROOT / "tests/e2e/inline.py"), op, "--stack", self.stack,
+                "--work-dir", str(self.work_dir)]  # fmt: skip
+        argv += ["--diff"] if diff else []
+        argv += ["--policy-pack", POLICY_PACK] if policy_pack else []
+        argv += ["--refresh"] if refresh else []
+        label = [op] + (["--diff"] if diff else []) + (["--policy-pack", POLICY_PACK] if policy_pack else [])
+        return self._run(argv, label, None, timeout)
+
+    def up_in_background(self) -> subprocess.Popen:
+        """`up` left running (to break a node under it); read its output with communicate()."""
+        argv = [sys.executable, str(ROOT / "tests/e2e/inline.py"), "up", "--stack", self.stack,
+                "--work-dir", str(self.work_dir)]  # fmt: skip
+        return subprocess.Popen(argv, cwd=self.work_dir, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    def preview(self, diff: bool = True, policy_pack: bool = True) -> Run:
+        return self._inline("preview", diff, policy_pack)
+
+    def up(self, policy_pack: bool = True, diff: bool = False, timeout: float = 900) -> Run:
+        return self._inline("up", diff, policy_pack, timeout=timeout)
+
+    def refresh(self) -> Run:
+        return self.cli("refresh", "--yes", "--diff")
+
+    def destroy(self) -> Run:
+        return self.cli("destroy", "--yes")
+
+    def set_config(self, path: str, value: str) -> None:
+        """`pulumi config set --path deepseek-spark:<path> <value>` (a reviewer's one-line change)."""
+        self.cli("config", "set", "--path", f"deepseek-spark:{path}", "--", value).check()
+
+    def outputs(self) -> dict:
+        """`pulumi stack output --json --show-secrets`: what `python -m components.clients` reads."""
+        proc = subprocess.run([str(self.engine / "pulumi"), "stack", "output", "--json", "--show-secrets",
+                               "--stack", self.stack], cwd=self.work_dir, env=self.env, capture_output=True,
+                              text=True)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def timed(self, label: str, run: Run) -> Run:
+        TIMINGS[label] = run.seconds
+        return run

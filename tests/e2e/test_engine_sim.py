@@ -1,0 +1,194 @@
+"""The SGLang stack `sim` through the real Pulumi engine on a 3-node simulated cluster.
+
+One scenario, in order (each test builds on the cluster and stack the previous one left):
+preview -> up and answers through `python -m components.clients` -> no-op up -> serving change
+(group down head first, before any new rank starts) -> a rank that exits at boot fails `up` fast ->
+refresh after a rank stopped and one removed, then `up` restarts the whole group -> key rotation and
+a new stateDir -> a node stopped mid-`up`, then `up` converges -> destroy keeps the checkpoint.
+Orders are read from the nodes' docker event timestamps, never from the engine's output order.
+"""
+
+import time
+from types import SimpleNamespace
+
+import openai
+import pytest
+
+from e2e.conftest import (
+    CLUSTER, ask, client_env, container_events, containers_of, first_event, node_sh, openai_client,
+    resources_summary,
+)  # fmt: skip
+from e2e.timings import TIMINGS
+from sim import cluster as sim_cluster
+
+pytestmark = pytest.mark.e2e
+STACK = "sim"
+NODES = ("spark1", "spark2", "spark3")
+RANKS = ("sim-rank0", "sim-rank1", "sim-rank2")
+HEAD = "sim-rank0"
+
+
+def shard_mtimes() -> dict[str, str]:
+    out = {}
+    for node in NODES:
+        for line in node_sh(node, "stat -c '%n %Y.%y' /srv/engram/engram-*.bin").splitlines():
+            name, mtime = line.split(" ", 1)
+            out[f"{node}:{name}"] = mtime
+    return out
+
+
+def timed_up(project, label: str, expect_ok: bool = True):
+    """`up`, its wall time recorded as `label`, and the container events of the nodes meanwhile."""
+    t0 = time.time()
+    run = project.timed(label, project.up())
+    if expect_ok:
+        run.check()
+    return run, container_events(t0 - 1, time.time() + 1)
+
+
+def assert_group_restarted_head_first(events, old_ids: dict[str, str]) -> None:
+    """Every old rank destroyed before any new rank started; the head destroyed first, started last."""
+    destroys = {n: first_event(events, "destroy", n).t for n in RANKS}
+    starts = {n: first_event(events, "start", n).t for n in RANKS}
+    assert max(destroys.values()) < min(starts.values()), f"a new rank started before an old one was gone: {events}"
+    assert min(destroys, key=destroys.get) == HEAD, "the head goes down first"
+    assert max(starts, key=starts.get) == HEAD, "the head starts last"
+    assert not set(containers_of(STACK).values()) & set(old_ids.values())
+
+
+@pytest.fixture(scope="module")
+def first(project, tmp_path_factory):
+    preview = project.timed("sim: preview --diff (policy pack)", project.preview())
+    t0 = time.monotonic()
+    up = project.up().check()
+    env = client_env(project, tmp_path_factory.mktemp("client"))
+    answer = ask(env)
+    TIMINGS["sim: first up to first answer"] = time.monotonic() - t0
+    return SimpleNamespace(preview=preview, up=up, env=env, answer=answer)
+
+
+def test_preview_shows_every_node_the_policy_pack_and_no_secret(first, project, sim):
+    text = first.preview.check().text
+    assert "to create" in resources_summary(text) and "to delete" not in resources_summary(text)
+    for node in NODES:
+        assert f"sim-{node}-preflight" in text and f"sim-engram-{node}" in text and f"sim-image-{node}" in text
+    for rank in range(3):
+        assert f"sim-sglang-rank{rank}" in text
+    assert "deepseek-spark-guardrails" in text  # the pack ran, as in a pull request's preview
+    assert project.api_key not in text
+    assert sim.private_key and open(sim.private_key).read().splitlines()[1] not in text
+
+
+def test_first_up_answers_through_the_client_config(first, project):
+    assert "42" in first.answer
+    assert sorted(containers_of(STACK)) == list(RANKS)
+    assert len(shard_mtimes()) == 6  # 2 layers x 3 ranks, each on its own node
+    client, model = openai_client(first.env)
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}], max_tokens=32, stream=True
+    )
+    assert "42" in "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert [m.id for m in client.models.list()] == [model]
+    bad, _ = openai_client(first.env, key="sk-wrong-key-0123456789")
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert project.api_key not in first.up.text
+
+
+def test_second_up_changes_nothing(first, project):
+    before_ranks, before_shards = containers_of(STACK), shard_mtimes()
+    run = project.timed("sim: no-op up", project.up()).check()
+    summary = resources_summary(run.text)
+    assert "unchanged" in summary
+    assert not any(word in summary for word in ("created", "updated", "replaced", "deleted")), summary
+    assert containers_of(STACK) == before_ranks and shard_mtimes() == before_shards
+
+
+def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_starts(first, project):
+    before_ranks, before_shards = containers_of(STACK), shard_mtimes()
+    project.set_config("cluster.serving.maxRunningRequests", "3")
+    preview = project.preview().check()
+    # What the reviewer reads: the 3 ranks, the group generation, the readiness probe and the 3
+    # preflights replaced; the changed flag value; nothing on disk.
+    assert "+-8 to replace" in resources_summary(preview.text), resources_summary(preview.text)
+    assert '"4" => "3"' in preview.text
+    assert "engram" not in "".join(line for line in preview.text.splitlines() if line.lstrip().startswith("+-"))
+    run, events = timed_up(project, "sim: serving change, up to answer")
+    assert_group_restarted_head_first(events, before_ranks)
+    assert shard_mtimes() == before_shards
+    assert "42" in ask(first.env)
+
+
+def test_a_rank_that_exits_at_boot_fails_up_fast_naming_it(first, project):
+    project.set_config("cluster.serving.extraArgs[9]", "--no-such-flag")
+    run, _ = timed_up(project, "sim: up with a rank exiting at boot (fails)", expect_ok=False)
+    assert run.code != 0
+    assert run.seconds < 120, f"failed only after {run.seconds:.0f}s"
+    assert "exited with code 2" in run.text and "last 20 log lines" in run.text
+    assert "--no-such-flag" in run.text  # the engine's own complaint, from the log tail
+    assert project.api_key not in run.text
+    project.cli("config", "rm", "--path", "deepseek-spark:cluster.serving.extraArgs[9]").check()
+    project.up().check()
+    assert "42" in ask(first.env)
+
+
+def test_refresh_after_a_rank_stopped_and_one_removed_then_up_restarts_the_whole_group(first, project):
+    before_ranks = containers_of(STACK)
+    node_sh("spark2", "docker stop sim-rank1 >/dev/null")
+    node_sh("spark3", "docker rm -f sim-rank2 >/dev/null")
+    t0 = time.monotonic()
+    refresh = project.refresh().check()
+    assert "sim-sglang-rank2" in refresh.text and "deleted" in resources_summary(refresh.text)
+    run, events = timed_up(project, "sim: up after refresh")
+    TIMINGS["sim: refresh and repair"] = time.monotonic() - t0
+    starts = {n: first_event(events, "start", n).t for n in RANKS}
+    assert set(starts) == set(RANKS), "every rank restarted, none left alone"
+    assert max(starts, key=starts.get) == HEAD, "the head starts last"
+    assert not set(containers_of(STACK).values()) & set(before_ranks.values())
+    assert "42" in ask(first.env)
+
+
+def test_key_rotation_and_a_new_state_dir_take_the_group_down_head_first(first, project, tmp_path):
+    before_ranks = containers_of(STACK)
+    new_key = "sk-e2e-rotated-" + "5" * 24
+    project.cli("config", "set", "--secret", "deepseek-spark:apiKey", stdin=new_key).check()
+    project.set_config("cluster.stateDir", "/var/lib/deepseek-spark-rotated")
+    run, events = timed_up(project, "sim: key rotation and stateDir, up to answer")
+    assert_group_restarted_head_first(events, before_ranks)
+    assert node_sh("spark1", "ls /var/lib/deepseek-spark/sim 2>/dev/null || true").strip() == "", "old key file left"
+    assert node_sh("spark1", "stat -c %a /var/lib/deepseek-spark-rotated/sim/api-key").strip() == "600"
+    env = client_env(project, tmp_path)
+    assert env["OPENAI_API_KEY"] == new_key and "42" in ask(env)
+    with pytest.raises(openai.AuthenticationError):
+        ask(env, key=project.api_key)
+    assert new_key not in run.text
+
+
+def test_a_node_stopped_mid_up_fails_naming_it_then_up_converges(first, project, tmp_path):
+    before_shards = shard_mtimes()
+    project.set_config("cluster.serving.maxRunningRequests", "2")
+    proc = project.up_in_background()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "sim-rank0" in node_sh("spark1", "docker ps -a --format '{{.Names}}'"):
+        time.sleep(0.2)  # the old group is going down: the new one is about to start
+    sim_cluster.stop_node(CLUSTER, "spark2", log=lambda m: None)
+    try:
+        text, _ = proc.communicate(timeout=600)
+    finally:
+        sim_cluster.start_node(CLUSTER, "spark2", log=lambda m: None)
+    assert proc.returncode != 0
+    assert "172.30.99.12" in text, text[-3000:]  # spark2's address, in the failing step's message
+    run, _ = timed_up(project, "sim: up after the node came back")
+    assert "42" in ask(client_env(project, tmp_path))
+    assert shard_mtimes() == before_shards, "nothing lost, nothing re-packed"
+
+
+def test_destroy_keeps_the_checkpoint_and_the_shards(first, project):
+    shards = shard_mtimes()
+    project.timed("sim: destroy", project.destroy()).check()
+    assert containers_of(STACK) == {}
+    for node in NODES:
+        assert "sim-checkpoint" not in node_sh(node, "docker volume ls --format '{{.Name}}'")
+        assert node_sh(node, "ls /srv/models/DS4.1 | grep -c safetensors").strip() == "4"
+    assert node_sh("spark1", "ls /var/lib/deepseek-spark-rotated/sim/ 2>/dev/null | wc -l").strip() == "0"
+    assert shard_mtimes() == shards
