@@ -1,0 +1,91 @@
+"""The vLLM + Ray stack `sim-tp2` (tp2's layout) through the real Pulumi engine on 2 simulated nodes.
+
+preview -> up, Ray gate, answers through `python -m components.clients` -> no-op up -> a serving
+change takes the group down (the Ray worker first: it depends on its head) before the new Ray head
+starts, then the worker joins it -> destroy keeps the checkpoint.
+"""
+
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from e2e.conftest import (
+    ask, client_env, container_events, containers_of, first_event, node_sh, openai_client, resources_summary,
+)  # fmt: skip
+from e2e.timings import TIMINGS
+
+pytestmark = pytest.mark.e2e
+STACK = "sim-tp2"
+SIM_NODES = 2  # tp2's layout: a 2-node simulated cluster
+NODES = ("spark1", "spark2")
+HEAD, WORKER = "sim-tp2-rank0", "sim-tp2-rank1"
+
+
+@pytest.fixture(scope="module")
+def first(project, tmp_path_factory):
+    preview = project.timed("sim-tp2: preview --diff (policy pack)", project.preview()).check()
+    t0 = time.monotonic()
+    project.up().check()
+    env = client_env(project, tmp_path_factory.mktemp("client"))
+    answer = ask(env)
+    TIMINGS["sim-tp2: first up to first answer"] = time.monotonic() - t0
+    return preview, env, answer
+
+
+def test_first_up_serves_through_ray(first, project):
+    preview, env, answer = first
+    assert "to create" in resources_summary(preview.text) and project.api_key not in preview.text
+    assert "42" in answer
+    assert sorted(containers_of(STACK, NODES)) == [HEAD, WORKER]
+    assert "2/2 nodes alive" in node_sh("spark1", f"docker logs {HEAD} 2>&1")
+
+
+def test_streaming_auth_on_v1_only(first):
+    _, env, _ = first
+    client, model = openai_client(env)
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}], max_tokens=32, stream=True
+    )
+    assert "42" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    bad, _ = openai_client(env, key="sk-wrong-key-0123456789")
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    health = env["OPENAI_BASE_URL"].removesuffix("/v1") + "/health"
+    with urllib.request.urlopen(health, timeout=10) as resp:  # vLLM leaves /health unauthenticated
+        assert resp.status == 200
+
+
+def test_second_up_changes_nothing(first, project):
+    before = containers_of(STACK, NODES)
+    run = project.timed("sim-tp2: no-op up", project.up()).check()
+    summary = resources_summary(run.text)
+    assert "unchanged" in summary and not any(w in summary for w in ("created", "updated", "replaced", "deleted"))
+    assert containers_of(STACK, NODES) == before
+
+
+def test_a_serving_change_takes_the_group_down_before_the_new_ray_head_starts(first, project):
+    before = containers_of(STACK, NODES)
+    project.set_config("cluster.serving.maxModelLen", "65536")
+    preview = project.preview().check()
+    assert "+-6 to replace" in resources_summary(preview.text), resources_summary(preview.text)
+    assert "131072" in preview.text and "65536" in preview.text
+    t0 = time.time()
+    project.timed("sim-tp2: serving change, up to answer", project.up()).check()
+    events = container_events(t0 - 1, time.time() + 1, NODES)
+    destroys = {n: first_event(events, "destroy", n).t for n in (HEAD, WORKER)}
+    starts = {n: first_event(events, "start", n).t for n in (HEAD, WORKER)}
+    assert max(destroys.values()) < min(starts.values()), events
+    assert destroys[WORKER] < destroys[HEAD], "the Ray worker goes before its head"
+    assert starts[HEAD] < starts[WORKER], "the Ray head starts first"
+    assert not set(containers_of(STACK, NODES).values()) & set(before.values())
+    assert "42" in ask(first[1])
+
+
+def test_destroy_keeps_the_checkpoint(first, project):
+    project.timed("sim-tp2: destroy", project.destroy()).check()
+    assert containers_of(STACK, NODES) == {}
+    for node in NODES:
+        assert "sim-tp2-checkpoint" not in node_sh(node, "docker volume ls --format '{{.Name}}'")
+        assert node_sh(node, "ls /srv/models/DS4.1 | grep -c safetensors").strip() == "4"
