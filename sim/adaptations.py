@@ -1,7 +1,7 @@
 """Every place where the simulated cluster differs from real DGX Sparks, in one list.
 
-The e2e replay prints this list at the start of every run, so a green e2e run always states what
-it did *not* exercise. Keep it short, factual, and in sync with sim/ and Pulumi.sim.yaml.
+The e2e tier prints this list in pytest's summary, so a green e2e run always states what it did
+*not* exercise. Keep it short, factual, and in sync with sim/, sim/providers and Pulumi.sim.yaml.
 """
 
 from __future__ import annotations
@@ -17,6 +17,21 @@ class Adaptation:
 
 
 ADAPTATIONS: list[Adaptation] = [
+    Adaptation("the Pulumi CLI is real (v3.274.1, built from the Go module proxy), but its docker resource plugin "
+               "is the pulumi-resource-docker TEST DOUBLE: Container, Volume, RemoteImage and Image on the nodes' "
+               "real docker engines (docker SDK over the system ssh with the provider's sshOpts), with "
+               "pulumi-docker's diff and read rules",
+               "pulumi-docker's plugin is a Terraform-bridge build of a patched submodule: no Go module builds it",
+               "sim/providers/docker.py"),
+    Adaptation("the command resource plugin is the pulumi-resource-command TEST DOUBLE (remote.Command over "
+               "paramiko with the real provider's auth and host-key rules, local.Command, its diff rules)",
+               "the Go module proxy refuses github.com/pulumi/pulumi-command/provider (403, every pseudo-version)",
+               "sim/providers/command.py"),
+    Adaptation("`pulumi preview`/`up` run __main__.py as an Automation API inline program (the CLI connects "
+               "to the test process's language server) instead of through pulumi-language-python; the policy "
+               "pack runs as a binary analyzer (`--policy-pack policy/analyzer`), the same pack code",
+               "the Go module proxy refuses the pulumi-language-python module (403)",
+               "tests/e2e/inline.py, policy/analyzer"),
     Adaptation("checkpoint shared as a local bind on every node (share.mode: local), not NFS",
                "the test machine's kernel has no NFS client or server", "Pulumi.sim.yaml"),
     Adaptation("rank containers keep memlock=-1 and nofile=1048576 in their inputs, but each node's engine "

@@ -419,3 +419,30 @@ def test_image_built_on_every_node_when_image_build_is_set(tmp_path):
     revision = rec.outputs["group_revision"]
     (ctx / "Dockerfile").write_text("FROM lmsysorg/sglang:dev-dsv41\nCOPY adapter /opt/dsv41\nRUN true\n")
     assert run_program("tp4", cluster=raw).outputs["group_revision"] != revision, "a changed overlay restarts the group"
+
+
+def test_image_build_revision_follows_what_the_build_sends(tmp_path):
+    """An ignored file does not restart the group; a changed build arg, platform or sent file does."""
+    ctx = tmp_path / "recipe"
+    (ctx / "adapter").mkdir(parents=True)
+    (ctx / "Dockerfile").write_text("FROM lmsysorg/sglang:dev-dsv41\nCOPY adapter /opt/dsv41\n")
+    (ctx / "adapter" / "model.py").write_text("v1\n")
+    (ctx / ".dockerignore").write_text("*.md\n**/__pycache__\n")
+    (ctx / "NOTES.md").write_text("draft\n")
+    raw = cluster_of("tp4")
+    raw["image"] = "dsv41-4x-spark:local"
+    raw["imageBuild"] = {"context": str(ctx), "args": {"A": "1"}}
+
+    def revision(**build):
+        cfg = {**raw, "imageBuild": {**raw["imageBuild"], **build}}
+        return run_program("tp4", cluster=cfg).outputs["group_revision"]
+
+    base = revision()
+    (ctx / "NOTES.md").write_text("edited notes\n")
+    (ctx / "adapter" / "__pycache__").mkdir()
+    (ctx / "adapter" / "__pycache__" / "model.pyc").write_bytes(b"\0")
+    assert revision() == base, "an ignored file restarted the group"
+    assert revision(args={"A": "2"}) != base
+    assert revision(platform="linux/amd64") != base
+    (ctx / "adapter" / "model.py").write_text("v2\n")
+    assert revision() != base

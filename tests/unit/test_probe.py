@@ -112,3 +112,50 @@ def test_an_unsendable_key_is_never_echoed(server):
     bad_key = "sk-secret-part\nX-Injected: 1"
     assert not probe.wait_ready(server.url, bad_key, "m", "q", "42", timeout=0.05, interval=0.01, log=logs.append)
     assert "sk-secret-part" not in "".join(logs) and "details withheld" in logs[-1]
+
+
+class FakeNodes:
+    """`on_node` stand-in: container states and logs per (target, container)."""
+
+    def __init__(self, states: dict[str, tuple[int, str]], logs: str = ""):
+        self.states, self.logs, self.calls = states, logs, []
+
+    def __call__(self, target, port, ssh_opts, remote):
+        self.calls.append((target, port, tuple(ssh_opts), remote))
+        name = remote.rsplit(" ", 1)[-1].split(" ")[0].strip("'")
+        if remote.startswith("docker logs"):
+            return 0, self.logs
+        return self.states[name]
+
+
+RANKS = ["0=tp2-rank0@root@10.0.0.1:22", "1=tp2-rank1@zurih@10.0.0.2:2222"]
+
+
+def test_running_ranks_are_not_down():
+    nodes = FakeNodes({"tp2-rank0": (0, "running 0\n"), "tp2-rank1": (0, "created 0\n")})
+    assert probe.exited_rank(RANKS, ["-o", "BatchMode=yes"], KEY, run=nodes) is None
+    assert nodes.calls[1][:3] == ("zurih@10.0.0.2", 2222, ("-o", "BatchMode=yes"))
+
+
+def test_an_exited_rank_is_named_with_exit_code_and_log_tail_key_redacted():
+    nodes = FakeNodes({"tp2-rank0": (0, "running 0\n"), "tp2-rank1": (0, "exited 2\n")},
+                      logs=f"usage: launch_server\nerror: unrecognized arguments: --bogus\nkey was {KEY}\n")  # fmt: skip
+    msg = probe.exited_rank(RANKS, [], KEY, run=nodes)
+    assert msg.startswith("rank 1 (tp2-rank1 on zurih@10.0.0.2) exited with code 2; last 20 log lines:")
+    assert "  | error: unrecognized arguments: --bogus" in msg
+    assert KEY not in msg and "[secret]" in msg
+
+
+def test_a_removed_rank_is_down_an_unreachable_node_is_not_judged():
+    assert "does not exist" in probe.exited_rank(
+        RANKS[:1], [], KEY, run=FakeNodes({"tp2-rank0": (1, "Error: No such object: tp2-rank0")})
+    )
+    assert probe.exited_rank(RANKS[:1], [], KEY, run=FakeNodes({"tp2-rank0": (255, "ssh: connect timed out")})) is None
+
+
+def test_the_wait_stops_at_once_when_a_rank_is_down():
+    logs = []
+    t = iter(range(100))
+    ok = probe.wait_ready("http://127.0.0.1:9/v1", KEY, "m", "q", "42", timeout=1800, interval=10, log=logs.append,
+                          clock=lambda: next(t), sleep=lambda s: None, ranks_down=lambda: "rank 1 exited")  # fmt: skip
+    assert not ok and len(logs) == 1 and "the group cannot come up: rank 1 exited" in logs[0]

@@ -1,0 +1,77 @@
+"""The pulumi-command TEST DOUBLE (sim/providers/command.py): the real provider's diff and run rules."""
+
+import paramiko
+import pytest
+
+from sim.providers.base import SECRET_SIG, SIG_KEY, UNKNOWN, ProviderError
+from sim.providers.command import LOCAL, REMOTE, CommandProvider, PinnedHostKey
+
+URN = "urn:pulumi:sim::deepseek-spark::command:local:Command::probe"
+
+
+def secret(v):
+    return {SIG_KEY: SECRET_SIG, "value": v}
+
+
+@pytest.fixture
+def p():
+    return CommandProvider()
+
+
+def test_only_triggers_replace_everything_else_updates(p):
+    old = {"create": "echo a", "triggers": ["r1"], "stdout": "a", "stderr": ""}
+    d = p.diff(LOCAL, "id", old, {"create": "echo b", "triggers": ["r1"]}, [])
+    assert d.changed == ["create"] and d.replaces == []
+    d = p.diff(LOCAL, "id", old, {"create": "echo a", "triggers": ["r2"]}, [])
+    assert d.replaces == ["triggers"]
+    assert p.diff(LOCAL, "id", old, {"create": "echo a", "triggers": [UNKNOWN]}, []).replaces == ["triggers"]
+
+
+def test_the_same_value_as_a_secret_is_no_change_and_ignore_changes_is_honoured(p):
+    old = {"create": "x", "stdin": "k"}
+    assert p.diff(REMOTE, "id", old, {"create": "x", "stdin": secret("k")}, []).changed == []
+    assert p.diff(REMOTE, "id", old, {"create": "y", "stdin": "k"}, ["create"]).changed == []
+
+
+def test_preview_runs_nothing_and_leaves_outputs_unknown(p, tmp_path):
+    marker = tmp_path / "ran"
+    id_, out = p.create(LOCAL, URN, {"create": f"touch {marker}"}, preview=True)
+    assert id_ == "" and out["stdout"] == UNKNOWN and not marker.exists()
+
+
+def test_update_runs_update_or_create_again_with_the_previous_output(p):
+    _, out = p.create(LOCAL, URN, {"create": "echo first"}, preview=False)
+    assert out["stdout"] == "first"
+    new = p.update(LOCAL, URN, "id", out, {"create": 'echo "again after $PULUMI_COMMAND_STDOUT"'}, preview=False)
+    assert new["stdout"] == "again after first"
+    quiet = {"create": 'echo "[$PULUMI_COMMAND_STDOUT]"', "addPreviousOutputInEnv": False}
+    assert p.update(LOCAL, URN, "id", out, quiet, preview=False)["stdout"] == "[]"
+
+
+def test_delete_runs_the_old_delete_and_a_failure_names_the_command_like_the_real_one(p, tmp_path):
+    p.delete(LOCAL, URN, "id", {"create": "true", "delete": f"touch {tmp_path}/deleted", "stdout": ""})
+    assert (tmp_path / "deleted").exists()
+    with pytest.raises(ProviderError, match=r"probe: Process exited with status 3: running 'echo out; exit 3'"):
+        p.create(LOCAL, URN, {"create": "echo out; exit 3"}, preview=False)
+
+
+def test_stdin_and_environment_reach_a_local_command(p):
+    _, out = p.create(LOCAL, URN, {"create": 'cat; echo "$X"', "stdin": secret("from-stdin\n"),
+                                   "environment": {"X": "from-env"}}, preview=False)  # fmt: skip
+    assert out["stdout"] == "from-stdin\nfrom-env"
+
+
+def test_a_pinned_host_key_must_match_an_unpinned_one_is_accepted_like_the_real_provider():
+    key = paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else None
+    if key is None:  # paramiko cannot generate ed25519 keys: use RSA, same check
+        key = paramiko.RSAKey.generate(1024)
+    PinnedHostKey(None).missing_host_key(None, "10.0.0.1", key)  # no pin: accepted
+    PinnedHostKey(f"{key.get_name()} {key.get_base64()}").missing_host_key(None, "10.0.0.1", key)
+    other = paramiko.RSAKey.generate(1024)
+    with pytest.raises(ProviderError, match="host key mismatch for 10.0.0.1"):
+        PinnedHostKey(f"{other.get_name()} {other.get_base64()}").missing_host_key(None, "10.0.0.1", key)
+
+
+def test_other_resource_types_are_refused(p):
+    with pytest.raises(ProviderError, match="does not implement command:remote:CopyToRemote"):
+        p.check("command:remote:CopyToRemote", {}, {})
