@@ -13,7 +13,7 @@ try:
 except config.ConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
 
-errors, warnings = rules.check(settings.cluster)
+errors, warnings = rules.check(settings.cluster, settings.stack)
 for finding in warnings:
     pulumi.log.warn(str(finding))
 if errors:

@@ -48,7 +48,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
             SparkNode(
                 f"{name}-{node.name}",
                 SparkNodeArgs(node=node, ssh_opts=commands.ssh_opts(cfg), preflight=commands.preflight(cfg, stack, rank),
-                              recheck_on=revision, private_key=s.ssh_private_key),
+                              recheck_on=revision, host_key=s.host_keys[rank], private_key=s.ssh_private_key),
                 child,
             )  # fmt: skip
             for rank, node in enumerate(cfg.nodes)

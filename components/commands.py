@@ -135,7 +135,7 @@ def exports_file(stack: str) -> str:
 
 def export_line(cfg: ClusterConfig) -> str:
     """One exports(5) line: the checkpoint, read-only, to exactly the worker fabric IPs."""
-    opts = cfg.share.export_options
+    opts = ",".join(cfg.share.export_options)
     clients = " ".join(f"{n.fabric_ip}({opts})" for n in cfg.nodes[1:])
     return f"{cfg.model.checkpoint_dir} {clients}"
 

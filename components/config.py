@@ -8,12 +8,14 @@ each one can be listed, tested and reported with its fix.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import posixpath
+import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 PROJECT = "deepseek-spark"
@@ -31,22 +33,124 @@ class _Strict(BaseModel):
     )
 
 
-def _absolute(value: str) -> str:
+# ------------------------------------------------------------------------------------------ shapes
+# Every value that reaches a shell, an exports line, a URL or a server flag has a strict shape. The
+# checks are plain functions (the policy pack imports them too): each raises ValueError saying what
+# is allowed, so the refusal names the field, the value and the fix.
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DNS_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+_HOSTNAME = re.compile(rf"^{_DNS_LABEL}(?:\.{_DNS_LABEL})*$")
+_NETDEV = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}"  # Linux IFNAMSIZ: at most 15 characters
+_IFNAME_LIST = re.compile(rf"^[=^]?{_NETDEV}(?:,{_NETDEV})*$")  # NCCL_SOCKET_IFNAME: list, ^ = exclude, = = exact
+_HCA_LIST = re.compile(rf"^[=^]?{_NETDEV}(?::[0-9]{{1,2}})?(?:,{_NETDEV}(?::[0-9]{{1,2}})?)*$")  # NCCL_IB_HCA
+_HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")  # served model name, kv cache dtype, profile
+_IMAGE = re.compile(
+    r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"  # registry[:port]/
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # repository path
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"  # :tag, @digest
+)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OPTION = re.compile(r"^[a-z0-9_]+(?:=[A-Za-z0-9_.:/@+-]+)?$")  # one NFS export/mount option
+_HOST_KEY = re.compile(r"^(?:ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)) [A-Za-z0-9+/]+={0,3}$")
+# Where a checkpoint, a state dir or engram shards must never go: writing ~400 GiB there, exporting
+# it over NFS or mounting it into containers breaks the node.
+SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run",
+               "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/home", "/mnt", "/media", "/snap",
+               "/usr/local", "/var/lib", "/var/log", "/var/run", "/var/tmp"}  # fmt: skip
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
+
+
+def _shape(pattern: re.Pattern[str], what: str):
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"not {what}")
+        return value
+
+    return check
+
+
+def check_host(value: str) -> str:
+    """A node's management address: an IPv4 address or a DNS name; no port, user, brackets or spaces."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        ip = None
+    if ip is not None and ip.version == 6:
+        raise ValueError("IPv6 addresses are not supported (ssh, docker and the endpoint URL need one form); "
+                         "use the node's IPv4 address or a DNS name")  # fmt: skip
+    if ip is None and (not _HOSTNAME.fullmatch(value) or value.replace(".", "").isdigit()):
+        raise ValueError("not an IPv4 address or a DNS name (no port, user@, brackets or spaces: set nodes[].sshPort "
+                         "and nodes[].sshUser for those), e.g. 10.0.0.1 or spark1.lan")  # fmt: skip
+    return value
+
+
+def check_path(value: str) -> str:
+    """An absolute, normalized node path without whitespace or control characters, outside system dirs."""
+    if _CONTROL.search(value) or any(c.isspace() for c in value):
+        raise ValueError("must not contain whitespace or control characters (it is exported over NFS, "
+                         "mounted by docker and passed to shell commands)")  # fmt: skip
     if not posixpath.isabs(value):
-        raise ValueError(f"must be an absolute path on the node, got {value!r}")
-    return posixpath.normpath(value)
+        raise ValueError("must be an absolute path on the node")
+    path = posixpath.normpath(value)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if path in SYSTEM_DIRS or any(path == t or path.startswith(t + "/") for t in SYSTEM_TREES):
+        raise ValueError("is a system directory (or inside one): use a directory of its own, "
+                         "e.g. /srv/models/DeepSeek-V4.1-Flash or /data/engram")  # fmt: skip
+    return path
+
+
+def check_options(value: list[str]) -> list[str]:
+    """NFS export or mount options: one option per list item, `name` or `name=value`."""
+    for opt in value:
+        if not _OPTION.fullmatch(opt):
+            raise ValueError(f"option {opt!r} is not `name` or `name=value` (letters, digits, _.:/@+-): "
+                             "one option per list item, no commas, spaces, parentheses or newlines")  # fmt: skip
+    return value
+
+
+def check_printable(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters (newlines, tabs, NUL)")
+    return value
+
+
+Host = Annotated[str, AfterValidator(check_host)]
+NodePath = Annotated[str, AfterValidator(check_path)]
+Printable = Annotated[str, AfterValidator(check_printable)]
+IfnameList = Annotated[str, AfterValidator(_shape(_IFNAME_LIST, "a network interface name or comma list "
+                                                  "(at most 15 characters each: letters, digits, _.-), e.g. enP7s7"))]
+HcaList = Annotated[str, AfterValidator(_shape(_HCA_LIST, "an RDMA device name or comma list (name[:port]), "
+                                               "e.g. rocep1s0f0,rocep1s0f1"))]
+HfRepo = Annotated[str, AfterValidator(_shape(_HF_REPO, "a Hugging Face repo id owner/name, e.g. "
+                                              "nvidia/DeepSeek-V4.1-Flash-NVFP4"))]
+Revision = Annotated[str, AfterValidator(_shape(_REVISION, "a revision (commit, tag or branch: letters, digits, "
+                                                "_./-, at most 128)"))]
+Name = Annotated[str, AfterValidator(_shape(_NAME, "a name of letters, digits and _.:/- (at most 128)"))]
+ImageRef = Annotated[str, AfterValidator(_shape(_IMAGE, "a docker image reference [registry[:port]/]repo[:tag]"
+                                                "[@sha256:<64 hex>], lowercase repository"))]
+HostKey = Annotated[str, AfterValidator(_shape(_HOST_KEY, "an ssh public host key '<type> <base64>' as in "
+                                               "known_hosts without the host, e.g. 'ssh-ed25519 AAAA...'"))]
+Options = Annotated[list[str], AfterValidator(check_options)]
+EnvKey = Annotated[str, AfterValidator(_shape(_ENV_KEY, "an environment variable name (letters, digits, _; "
+                                              "not starting with a digit)"))]
 
 
 class NodeConfig(_Strict):
     """One DGX Spark. Node 0 of the list is the head: rank 0, serves the API, exports the checkpoint."""
 
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
-    host: str = Field(min_length=1, description="management address used for ssh and the API")
+    host: Host = Field(description="management address used for ssh and the API: IPv4 or DNS name")
     fabric_ip: str = Field(description="ConnectX-7 fabric address (NCCL, dist-init, NFS)")
-    ssh_user: str = Field(min_length=1, pattern=r"^[a-z_][a-z0-9_-]*$")
+    ssh_user: str = Field(min_length=1, max_length=32, pattern=r"^[a-z_][a-z0-9_-]*$")
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    host_key: str | None = Field(
-        default=None, description="pinned ssh host key for remote commands, e.g. 'ssh-ed25519 AAAA...'"
+    host_key: HostKey | None = Field(
+        default=None,
+        description="pinned ssh host key for remote commands, e.g. 'ssh-ed25519 AAAA...' (default: read from "
+        "ssh.knownHostsFile)",
     )
     nfs_server_ip: str | None = Field(
         default=None, description="workers: the head's address on this worker's ConnectX link (default: head fabricIp)"
@@ -54,50 +158,41 @@ class NodeConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    served_name: str = Field(default="deepseek-v4.1-flash", min_length=1)
-    checkpoint_dir: str = Field(description="checkpoint on the head (nfs) or on every node (local, download)")
-    revision: str = Field(min_length=1, description="checkpoint revision; repacks/re-downloads when it changes")
-    expected_shards: int = Field(default=48, ge=1)
-    profile: str = Field(description="memory profile, see plan.PROFILES (default per engine)")
+    served_name: Name = Field(default="deepseek-v4.1-flash")
+    checkpoint_dir: NodePath = Field(description="checkpoint on the head (nfs) or on every node (local, download)")
+    revision: Revision = Field(description="checkpoint revision; repacks/re-downloads when it changes")
+    expected_shards: int = Field(default=48, ge=1, le=100_000)
+    profile: Name = Field(description="memory profile, see plan.PROFILES (default per engine)")
     source: Literal["shared", "download"] = Field(
         default="shared", description="shared: already on disk; download: fetched per node from hfRepo at revision"
     )
-    hf_repo: str | None = Field(default=None, description="Hugging Face repo for source: download")
-
-    _abs = field_validator("checkpoint_dir")(_absolute)
-
-    @field_validator("checkpoint_dir")
-    @classmethod
-    def _no_whitespace(cls, value: str) -> str:
-        if any(c.isspace() for c in value):
-            raise ValueError("must not contain whitespace (it is exported over NFS and mounted by docker)")
-        return value
+    hf_repo: HfRepo | None = Field(default=None, description="Hugging Face repo for source: download")
 
 
 class ServingConfig(_Strict):
     # Both engines.
-    port: int = Field(ge=1, le=65535, description="API port (default 8888 for sglang, 8000 for vllm)")
-    tp_size: int = Field(ge=1)
-    max_running_requests: int | None = Field(default=None, ge=1, description="sglang; vllm: --max-num-seqs")
-    extra_args: list[str] = Field(default_factory=list)
-    extra_env: dict[str, str] = Field(default_factory=dict)
-    generation: int = Field(default=0, ge=0, description="bump to restart the whole group (e.g. after a rank died)")
+    port: int = Field(ge=1024, le=65535, description="API port (default 8888 for sglang, 8000 for vllm)")
+    tp_size: int = Field(ge=1, le=8)
+    max_running_requests: int | None = Field(default=None, ge=1, le=1024, description="sglang; vllm: --max-num-seqs")
+    extra_args: list[Printable] = Field(default_factory=list)
+    extra_env: dict[EnvKey, Printable] = Field(default_factory=dict)
+    generation: int = Field(default=0, ge=0, le=2**31, description="bump to restart the whole group (e.g. after a rank died)")
     # SGLang only (rules.py refuses them on vllm; the None ones are required on sglang).
-    dist_port: int = Field(default=20000, ge=1, le=65535)
-    ep_size: int | None = Field(default=None, ge=1)
-    context_length: int | None = Field(default=None, ge=1)
-    max_total_tokens: int | None = Field(default=None, ge=1)
+    dist_port: int = Field(default=20000, ge=1024, le=65535)
+    ep_size: int | None = Field(default=None, ge=1, le=8)
+    context_length: int | None = Field(default=None, ge=1, le=1 << 24)
+    max_total_tokens: int | None = Field(default=None, ge=1, le=1 << 30)
     mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
-    chunked_prefill_size: int = Field(default=1024, ge=1)
+    chunked_prefill_size: int = Field(default=1024, ge=1, le=1 << 20)
     spec_algo: Literal["DSPARK", "off"] = "DSPARK"
-    dspark_block_size: int = Field(default=3, ge=1)
+    dspark_block_size: int = Field(default=3, ge=1, le=16)
     # Accepts "ram" on purpose so rules.py can refuse it with the seed's explanation.
     offload_mode: Literal["nvme", "ram"] = "nvme"
     # vLLM only (rules.py refuses them on sglang).
-    max_model_len: int = Field(default=131072, ge=1, description="the first thing to lower when memory is short")
-    kv_cache_dtype: str = "fp8_ds_mla"
+    max_model_len: int = Field(default=131072, ge=1, le=1 << 24, description="the first thing to lower when memory is short")
+    kv_cache_dtype: Name = "fp8_ds_mla"
     gpu_memory_utilization: float = Field(default=0.85, gt=0, lt=1)
-    ray_port: int = Field(default=6379, ge=1, le=65535)
+    ray_port: int = Field(default=6379, ge=1024, le=65535)
     distributed_executor_backend: Literal["ray"] = "ray"
 
 
@@ -110,19 +205,19 @@ VLLM_ONLY = {"max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "ray_p
 
 
 class EngramConfig(_Strict):
-    dir: str = Field(description="NVMe directory on every node that holds this node's packed shard")
+    dir: NodePath = Field(description="NVMe directory on every node that holds this node's packed shard")
     retain: bool = Field(default=True, description="keep packed shards on destroy (packing costs ~10 min)")
-
-    _abs = field_validator("dir")(_absolute)
 
 
 class FabricConfig(_Strict):
-    socket_ifname: str = Field(default="enP7s7", description="NCCL/GLOO bootstrap interface")
-    ib_hca: str = Field(default="rocep1s0f0,rocep1s0f1", description="NCCL_IB_HCA: both RoCE twins")
-    iface: str = Field(default="enp1s0f1np1", description="ConnectX-7 netdev checked by preflight")
-    link_speed_mbps: int = Field(default=200000, ge=1)
+    socket_ifname: IfnameList = Field(default="enP7s7", description="NCCL/GLOO bootstrap interface")
+    ib_hca: HcaList = Field(default="rocep1s0f0,rocep1s0f1", description="NCCL_IB_HCA: both RoCE twins")
+    iface: Annotated[str, AfterValidator(_shape(re.compile(_NETDEV), "a network interface name (at most 15 "
+                                                "characters: letters, digits, _.-), e.g. enp1s0f1np1"))] = Field(
+        default="enp1s0f1np1", description="ConnectX-7 netdev checked by preflight")  # fmt: skip
+    link_speed_mbps: int = Field(default=200000, ge=1, le=10_000_000)
     gid_index: int | None = Field(
-        default=None, ge=0, description="pin NCCL_IB_GID_INDEX; unset = looked up from sysfs at rank start"
+        default=None, ge=0, le=255, description="pin NCCL_IB_GID_INDEX; unset = looked up from sysfs at rank start"
     )
     tuned_buffers: bool = Field(default=True, description="NCCL buffer knobs that cut 4.7 GiB to 0.14 GB")
 
@@ -131,29 +226,37 @@ class ShareConfig(_Strict):
     mode: Literal["nfs", "local"] = Field(
         default="nfs", description="nfs: head exports to workers; local: every node holds its own copy"
     )
-    export_options: str = "ro,sync,no_subtree_check,no_root_squash,insecure"
-    mount_options: str = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
+    export_options: Options = Field(
+        default_factory=lambda: ["ro", "sync", "no_subtree_check", "no_root_squash", "insecure"],
+        description="exports(5) options of the checkpoint export, one per item",
+    )
+    mount_options: Options = Field(
+        default_factory=lambda: ["nfsvers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=1048576", "hard", "timeo=600"],
+        description="nfs(5) mount options of the workers' checkpoint volume, one per item",
+    )
 
 
 class SshConfig(_Strict):
     """Options for the docker provider, which shells out to the system `ssh` client."""
 
-    identity_file: str | None = None
-    known_hosts_file: str | None = None
+    identity_file: Printable | None = None
+    known_hosts_file: Printable | None = None
     strict_host_key_checking: bool = True
-    connect_timeout: int = Field(default=15, ge=1)
+    connect_timeout: int = Field(default=15, ge=1, le=600)
 
 
 class ReadinessConfig(_Strict):
-    timeout_seconds: int = Field(default=1800, ge=1, description="sized for a 12-13 minute boot")
-    interval_seconds: int = Field(default=10, ge=1)
-    prompt: str = "What is 19 + 23?"
-    expect: str = "42"
+    timeout_seconds: int = Field(default=1800, ge=1, le=86400, description="sized for a 12-13 minute boot")
+    interval_seconds: int = Field(default=10, ge=1, le=3600)
+    prompt: Printable = Field(default="What is 19 + 23?", min_length=1, max_length=2000)
+    expect: Printable = Field(default="42", min_length=1, max_length=200, description="text the answer must contain")
 
 
 class MemoryConfig(_Strict):
-    unified_gib: float = Field(default=121.7, gt=0, description="unified memory per Spark")
-    runtime_floor_gib: float = Field(default=3.0, ge=0, description="kept free outside the static pool")
+    # A DGX Spark has 128 GB of unified memory, of which the OS shows ~121.7 GiB to CUDA.
+    unified_gib: float = Field(default=121.7, gt=16, le=128, alias="unifiedGiB", description="unified memory per Spark")
+    runtime_floor_gib: float = Field(default=3.0, ge=0, le=64, alias="runtimeFloorGiB",
+                                     description="kept free outside the static pool")  # fmt: skip
 
 
 class ImageBuildConfig(_Strict):
@@ -161,10 +264,12 @@ class ImageBuildConfig(_Strict):
     like the reference's `start.sh build`) instead of pulling it. The context is uploaded from
     where Pulumi runs to each node's engine; nothing is pushed to a registry."""
 
-    context: str = Field(min_length=1, description="directory with the Dockerfile, relative to the project")
-    dockerfile: str = "Dockerfile"
-    args: dict[str, str] = Field(default_factory=dict)
-    platform: str | None = Field(default="linux/arm64", description="DGX Spark is aarch64")
+    context: Printable = Field(min_length=1, description="directory with the Dockerfile, relative to the project")
+    dockerfile: Printable = "Dockerfile"
+    args: dict[EnvKey, Printable] = Field(default_factory=dict)
+    platform: Annotated[str, AfterValidator(_shape(re.compile(r"^[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?$"),
+                                                   "a platform os/arch[/variant], e.g. linux/arm64"))] | None = Field(
+        default="linux/arm64", description="DGX Spark is aarch64")  # fmt: skip
 
 
 class ClusterConfig(_Strict):
@@ -172,8 +277,8 @@ class ClusterConfig(_Strict):
     topology: Literal["switch", "direct", "ring"] = "switch"
     nodes: list[NodeConfig] = Field(min_length=1)
     model: ModelConfig
-    image: str = Field(min_length=1, description="engine image (default per engine)")
-    image_timeout_minutes: int = Field(default=60, ge=1)
+    image: ImageRef = Field(description="engine image (default per engine)")
+    image_timeout_minutes: int = Field(default=60, ge=1, le=1440)
     image_build: ImageBuildConfig | None = Field(default=None, description="build `image` on each node")
     serving: ServingConfig
     engram: EngramConfig | None = Field(default=None, description="sglang only: packed engram shards on NVMe")
@@ -182,14 +287,9 @@ class ClusterConfig(_Strict):
     ssh: SshConfig = SshConfig()
     readiness: ReadinessConfig = ReadinessConfig()
     memory: MemoryConfig = MemoryConfig()
-    state_dir: str | None = Field(
+    state_dir: NodePath | None = Field(
         default=None, description="head dir for the API key file (default: /var/lib for root, else ~/.local/state)"
     )
-
-    @field_validator("state_dir")
-    @classmethod
-    def _state_abs(cls, value: str | None) -> str | None:
-        return None if value is None else _absolute(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -232,12 +332,21 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+PLAIN_STRING = (
+    f"{PROJECT}:{CLUSTER_KEY} is a plain string, not a structured value; fix: write it as a YAML mapping under "
+    f"`config:` in Pulumi.<stack>.yaml (copy the block of Pulumi.tp4.yaml), or set single fields with "
+    f"`pulumi config set --path {PROJECT}:{CLUSTER_KEY}.<field> <value>`"
+)
+
+
 def parse_cluster(raw: Any) -> ClusterConfig:
     """Validate the structured value of `deepseek-spark:cluster`; every problem in one message."""
     if raw is None:
         raise ConfigError(
             f"{PROJECT}:{CLUSTER_KEY} is not set: copy the `config:` block of Pulumi.tp4.yaml into your stack file"
         )
+    if isinstance(raw, str):
+        raise ConfigError(PLAIN_STRING)
     try:
         return ClusterConfig.model_validate(raw)
     except ValidationError as exc:
@@ -262,9 +371,47 @@ class Settings:
     api_key: Any  # pulumi.Output[str], always secret
     ssh_private_key: Any  # pulumi.Output[str] (secret) or None: ssh-agent is used then
     hf_token: Any = None  # pulumi.Output[str] (secret) or None: for model.source: download
+    host_keys: tuple[str | None, ...] = ()  # per node: pinned for remote commands (None: not verified)
 
 
-WEAK_KEYS = {"", "none", "off", "dummy", "0"}
+# Values that SGLang recipes, proxies or habit treat as "no authentication".
+WEAK_KEYS = {"", "none", "null", "nil", "empty", "off", "false", "no", "dummy", "test", "changeme", "password",
+             "secret", "sk-", "sk-xxx", "token", "key", "apikey", "api-key", "0", "1"}  # fmt: skip
+MIN_KEY_LENGTH = 16
+
+
+def api_key_problem(key: str) -> str | None:
+    """Why `key` cannot protect the endpoint, or None (the policy pack applies the same check)."""
+    if key.strip().lower() in WEAK_KEYS:
+        return f"is {key.strip()!r}, which SGLang recipes and proxies treat as 'no authentication'"
+    if not key.isascii() or any(not c.isprintable() or c.isspace() for c in key):
+        return ("must be printable ASCII without spaces (a trailing newline? a non-ASCII character cannot travel "
+                "in an HTTP header, so every request would fail)")  # fmt: skip
+    if key.startswith("-"):
+        return "must not start with '-' (SGLang would read it as a flag: rank 0 fails to parse its arguments)"
+    if len(key) < MIN_KEY_LENGTH:
+        return f"is {len(key)} characters; use at least {MIN_KEY_LENGTH} (e.g. 64 hex characters)"
+    return None
+
+
+def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]]:
+    """Each node's host key for remote commands: `hostKey`, else the one ssh.knownHostsFile holds
+    for it (the docker provider's system ssh trusts that file). With strict host key checking a node
+    with neither is an error (the returned messages); otherwise it is left unverified."""
+    from . import hostkeys
+
+    keys, problems = [], []
+    known = cluster.ssh.known_hosts_file or hostkeys.DEFAULT_FILE
+    for i, node in enumerate(cluster.nodes):
+        key = node.host_key or hostkeys.lookup(known, node.host, node.ssh_port)
+        if key is None and cluster.ssh.strict_host_key_checking:
+            problems.append(
+                f"cluster.nodes[{i}].hostKey: no host key for {node.host} (port {node.ssh_port}) in {known}, and "
+                "remote commands must verify the node; fix: check the node's key fingerprint, then add it with "
+                f"`ssh-keyscan -p {node.ssh_port} {node.host} >> {known}` (or set nodes[{i}].hostKey)"
+            )
+        keys.append(key)
+    return tuple(keys), problems
 
 
 def load() -> Settings:
@@ -273,18 +420,22 @@ def load() -> Settings:
 
     stack = pulumi.get_stack()
     raw = pulumi.runtime.get_config(f"{PROJECT}:{CLUSTER_KEY}")
-    cluster = parse_cluster(json.loads(raw) if raw is not None else None)
+    try:
+        value = json.loads(raw) if raw is not None else None
+    except ValueError:  # `pulumi config set deepseek-spark:cluster '<text>'` stores text, not JSON
+        raise ConfigError(PLAIN_STRING) from None
+    cluster = parse_cluster(value)
+    keys, problems = host_keys(cluster)
+    if problems:
+        raise ConfigError("remote commands cannot verify these nodes:\n  " + "\n  ".join(problems))
 
     set_key = f'pulumi config set --secret {PROJECT}:{API_KEY} "$(openssl rand -hex 32)" --stack {stack}'
     key = pulumi.runtime.get_config(f"{PROJECT}:{API_KEY}")
     if key is None:
         raise ConfigError(f"{PROJECT}:{API_KEY} is not set; the endpoint must require a key. Run:\n  {set_key}")
-    if key.strip().lower() in WEAK_KEYS:
-        raise ConfigError(
-            f"{PROJECT}:{API_KEY} is {key.strip()!r}, which SGLang recipes treat as 'no authentication'. Run:\n  {set_key}"
-        )
-    if any(c.isspace() or ord(c) < 32 for c in key):
-        raise ConfigError(f"{PROJECT}:{API_KEY} contains whitespace or control characters (a trailing newline?). Run:\n  {set_key}")
+    problem = api_key_problem(key)
+    if problem:
+        raise ConfigError(f"{PROJECT}:{API_KEY} {problem}. Run:\n  {set_key}")
     if not pulumi.runtime.is_config_secret(f"{PROJECT}:{API_KEY}"):
         raise ConfigError(f"{PROJECT}:{API_KEY} is stored in plain text in the stack file. Run:\n  {set_key}")
 
@@ -303,4 +454,5 @@ def load() -> Settings:
         api_key=pulumi.Output.secret(key),
         ssh_private_key=optional[SSH_KEY],
         hf_token=optional[HF_TOKEN],
+        host_keys=keys,
     )

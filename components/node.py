@@ -24,6 +24,7 @@ class SparkNodeArgs:
     ssh_opts: list[str]  # the system ssh client's options (commands.ssh_opts)
     preflight: str  # the preflight script (commands.preflight)
     recheck_on: str  # the group revision: every group (re)start is preceded by a fresh preflight
+    host_key: Optional[str] = None  # pinned for remote commands (config.host_keys); None: not verified
     private_key: Optional[Any] = None  # secret Output[str]; ssh-agent when None
 
 
@@ -48,7 +49,8 @@ class SparkNode(pulumi.ComponentResource):
             port=node.ssh_port,
             user=node.ssh_user,
             private_key=args.private_key,
-            host_key=node.host_key,
+            # pulumi-command accepts any host key unless one is pinned: pin the one ssh trusts.
+            host_key=args.host_key,
             dial_error_limit=4,
         )
         self.preflight = remote.Command(

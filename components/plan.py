@@ -60,6 +60,8 @@ class VllmProfile:
     engine: str = "vllm"
 
 
+# The simulated cluster's figures (a tiny fake checkpoint): refused outside the sim stacks.
+TEST_DOUBLE_PROFILES = {"sim-test-double", "sim-test-double-vllm"}
 PROFILES: dict[str, MemoryProfile | VllmProfile] = {
     "deepseek-v4.1-flash-mxfp4": MemoryProfile(
         description="DeepSeek-V4.1-Flash, MXFP4 experts + FP8 dense, 476 GiB checkpoint (SGLang)",
@@ -197,7 +199,8 @@ def memory_plan(cfg: ClusterConfig) -> MemoryPlan:
     window = prof.window_pool_gb * GB / GIB
     pool = s.mem_fraction_static * cfg.memory.unified_gib
     outside = cfg.memory.unified_gib - pool
-    graphs = prof.cuda_graph_gb_at_bs16 * min(s.max_running_requests, 16) / 16 * GB / GIB
+    # Graphs are captured up to --cuda-graph-max-bs, which is maxRunningRequests: planned at that size.
+    graphs = prof.cuda_graph_gb_at_bs16 * s.max_running_requests / 16 * GB / GIB
     nccl = prof.nccl_tuned_gb * GB / GIB if cfg.fabric.tuned_buffers else prof.nccl_default_gib
     floor = cfg.memory.runtime_floor_gib
     ranks = []
@@ -299,7 +302,7 @@ def volume_options(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     if rank == 0 or cfg.share.mode == "local":
         return {"type": "none", "o": "bind", "device": ckpt}
     server = cfg.nodes[rank].nfs_server_ip or head(cfg).fabric_ip
-    return {"type": "nfs", "o": f"addr={server},{cfg.share.mount_options}", "device": f":{ckpt}"}
+    return {"type": "nfs", "o": ",".join([f"addr={server}", *cfg.share.mount_options]), "device": f":{ckpt}"}
 
 
 def nccl_env(cfg: ClusterConfig) -> dict[str, str]:

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from . import plan
+from . import flags, plan
 from .config import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig
 
 
@@ -29,7 +29,7 @@ class Finding:
         return f"cluster.{self.field} = {self.value!r}: {self.problem}; fix: {self.fix}"
 
 
-Rule = Callable[[ClusterConfig], list[Finding]]
+Rule = Callable[[ClusterConfig, str], list[Finding]]  # (config, stack name) -> findings
 RULES: list[tuple[str, Rule]] = []
 
 
@@ -47,7 +47,7 @@ def _camel(name: str) -> str:
 
 
 @rule("engine-fields")
-def _engine_fields(cfg: ClusterConfig) -> list[Finding]:
+def _engine_fields(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     """Fields of the other engine are refused; fields this engine needs must be there."""
     out = []
     s = cfg.serving
@@ -78,7 +78,7 @@ def _engine_fields(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("node-count-equals-tp")
-def _node_count(cfg: ClusterConfig) -> list[Finding]:
+def _node_count(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     n, tp = len(cfg.nodes), cfg.serving.tp_size
     if n != tp:
         return [
@@ -90,7 +90,7 @@ def _node_count(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("unique-nodes")
-def _unique(cfg: ClusterConfig) -> list[Finding]:
+def _unique(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out = []
     for attr, label in (("name", "name"), ("host", "host"), ("fabric_ip", "fabricIp")):
         counts = Counter(getattr(n, attr) for n in cfg.nodes)
@@ -103,7 +103,7 @@ def _unique(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("fabric-ip-is-ipv4")
-def _fabric_ip(cfg: ClusterConfig) -> list[Finding]:
+def _fabric_ip(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out = []
     for i, node in enumerate(cfg.nodes):
         for label, value in (("fabricIp", node.fabric_ip), ("nfsServerIp", node.nfs_server_ip)):
@@ -122,7 +122,7 @@ def _fabric_ip(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("ep-divides-tp")
-def _ep(cfg: ClusterConfig) -> list[Finding]:
+def _ep(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     s = cfg.serving
     if cfg.engine == "sglang" and s.tp_size % s.ep_size:
         return [Finding("ep-divides-tp", "serving.epSize", s.ep_size, f"does not divide tpSize {s.tp_size}",
@@ -130,18 +130,27 @@ def _ep(cfg: ClusterConfig) -> list[Finding]:
     return []
 
 
+RAY_DASHBOARD_PORT = 8265  # `ray start --head` listens there on every interface
+
+
 @rule("ports-distinct")
-def _ports(cfg: ClusterConfig) -> list[Finding]:
+def _ports(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     s = cfg.serving
-    other, name = (s.dist_port, "distPort") if cfg.engine == "sglang" else (s.ray_port, "rayPort")
-    if s.port == other:
-        return [Finding("ports-distinct", f"serving.{name}", other, "equals serving.port on the head",
-                        "use the seeds' ports: sglang port 8888 / distPort 20000, vllm port 8000 / rayPort 6379")]  # fmt: skip
-    return []
+    fix = "use the seeds' ports: sglang port 8888 / distPort 20000, vllm port 8000 / rayPort 6379"
+    ports = [("port", s.port)] + ([("distPort", s.dist_port)] if cfg.engine == "sglang" else [("rayPort", s.ray_port)])
+    taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard"}
+    taken.update({n.ssh_port: f"nodes[{i}].sshPort" for i, n in enumerate(cfg.nodes)})
+    out = []
+    if ports[0][1] == ports[1][1]:
+        out.append(Finding("ports-distinct", f"serving.{ports[1][0]}", ports[1][1], "equals serving.port on the head", fix))
+    for name, port in ports:
+        if port in taken:
+            out.append(Finding("ports-distinct", f"serving.{name}", port, f"is {taken[port]}'s port on the nodes", fix))
+    return out
 
 
 @rule("no-ram-offload")
-def _offload(cfg: ClusterConfig) -> list[Finding]:
+def _offload(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     why = ("host RAM is GPU memory on a Spark: OFFLOAD_MODE=ram evicts the engram tables and the "
            "server cannot serve")  # fmt: skip
     out = []
@@ -153,19 +162,28 @@ def _offload(cfg: ClusterConfig) -> list[Finding]:
     return out
 
 
+def is_sim_stack(stack: str) -> bool:
+    """The simulated cluster's stacks (sim, sim-tp2, ...): the only ones that may plan with test doubles."""
+    return stack == "sim" or stack.startswith("sim-")
+
+
 @rule("known-profile")
-def _profile(cfg: ClusterConfig) -> list[Finding]:
-    names = sorted(n for n, p in plan.PROFILES.items() if p.engine == cfg.engine)
+def _profile(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
+    names = sorted(n for n, p in plan.PROFILES.items() if p.engine == cfg.engine and n not in plan.TEST_DOUBLE_PROFILES)
     prof = plan.PROFILES.get(cfg.model.profile)
     if prof is None or prof.engine != cfg.engine:
         return [Finding("known-profile", "model.profile", cfg.model.profile,
                         f"no memory profile of that name for engine {cfg.engine}", f"use one of {names}")]  # fmt: skip
+    if cfg.model.profile in plan.TEST_DOUBLE_PROFILES and not is_sim_stack(stack):
+        return [Finding("known-profile", "model.profile", cfg.model.profile,
+                        f"the test double's memory figures (a tiny fake checkpoint) on stack {stack!r}: the memory "
+                        "plan would approve anything", f"use one of {names}")]  # fmt: skip
     return []
 
 
 @rule("memory-plan-fits")
-def _memory(cfg: ClusterConfig) -> list[Finding]:
-    if _profile(cfg):
+def _memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
+    if _profile(cfg, stack):
         return []  # reported by known-profile
     if cfg.engine == "vllm":
         return _vllm_memory(cfg)
@@ -208,7 +226,7 @@ def _memory(cfg: ClusterConfig) -> list[Finding]:
     return out
 
 
-def _vllm_memory(cfg: ClusterConfig) -> list[Finding]:
+def _vllm_memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     prof = plan.PROFILES[cfg.model.profile]
     s = cfg.serving
     mp = plan.vllm_memory_plan(cfg)
@@ -233,7 +251,7 @@ def _vllm_memory(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("context-length-supported")
-def _context(cfg: ClusterConfig) -> list[Finding]:
+def _context(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     prof = plan.PROFILES.get(cfg.model.profile)
     s = cfg.serving
     out = []
@@ -256,7 +274,7 @@ def _context(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("topology-fits-node-count")
-def _topology(cfg: ClusterConfig) -> list[Finding]:
+def _topology(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     n = len(cfg.nodes)
     if cfg.topology == "direct" and n > 3:
         return [Finding("topology-fits-node-count", "topology", "direct",
@@ -270,67 +288,103 @@ def _topology(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("nfs-share-read-only")
-def _nfs_ro(cfg: ClusterConfig) -> list[Finding]:
+def _nfs_ro(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out = []
-    export = [o.strip() for o in cfg.share.export_options.split(",")]
-    mount = [o.strip() for o in cfg.share.mount_options.split(",")]
-    if "ro" not in export or "rw" in export:
-        out.append(Finding("nfs-share-read-only", "share.exportOptions", cfg.share.export_options,
-                           "the checkpoint export must be read-only (a worker must never write the checkpoint)",
-                           "keep 'ro' and drop 'rw': ro,sync,no_subtree_check,no_root_squash,insecure"))  # fmt: skip
-    if "ro" not in mount or "rw" in mount:
-        out.append(Finding("nfs-share-read-only", "share.mountOptions", cfg.share.mount_options,
-                           "workers must mount the checkpoint read-only",
-                           "keep 'ro' and drop 'rw' in share.mountOptions"))  # fmt: skip
+    for field, opts, fix in (
+        ("share.exportOptions", cfg.share.export_options, "[ro, sync, no_subtree_check, no_root_squash, insecure]"),
+        ("share.mountOptions", cfg.share.mount_options, "keep ro: [nfsvers=4.2, ro, nconnect=8, hard, timeo=600]"),
+    ):
+        problem = read_only_problem(opts)
+        if problem:
+            out.append(Finding("nfs-share-read-only", field, opts, problem, fix))
     return out
 
 
-MANAGED_FLAGS = {
-    "--model-path", "--served-model-name", "--tp", "--tp-size", "--ep-size", "--nnodes", "--node-rank",
-    "--dist-init-addr", "--nccl-init-addr", "--host", "--port", "--api-key", "--context-length",
-    "--max-total-tokens", "--max-running-requests", "--mem-fraction-static", "--chunked-prefill-size",
-    "--speculative-algorithm", "--speculative-dspark-block-size", "--cuda-graph-max-bs",
-}  # fmt: skip
-VLLM_MANAGED_FLAGS = {
-    "--tensor-parallel-size", "-tp", "--distributed-executor-backend", "--host", "--port", "--api-key",
-    "--served-model-name", "--max-model-len", "--kv-cache-dtype", "--gpu-memory-utilization", "--max-num-seqs",
-}  # fmt: skip
+def read_only_problem(options: list[str]) -> str | None:
+    """Why these NFS options do not make a read-only share, or None (the policy pack checks the same)."""
+    if "ro" not in options:
+        return "the checkpoint share must be read-only: 'ro' is missing (a worker must never write the checkpoint)"
+    if "rw" in options:
+        return "'rw' makes the checkpoint share writable"
+    return None
+
+
 MANAGED_ENV = {
     "NODE_RANK", "NNODES", "TP_SIZE", "EP_SIZE", "HOST_IP", "DSV41_SOURCE", "DSV41_PACKED_DIR", "VLLM_HOST_IP",
     "RAY_ADDRESS", "RAY_PORT", "DSPARK_RAY_NODES", "DSPARK_CHECKPOINT_REVISION",
+    # from the fabric section, validated there
+    "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_IB_GID_INDEX",
 }  # fmt: skip
 SECRET_ENV = {"API_KEY", "SGLANG_API_KEY", "OPENAI_API_KEY", "VLLM_API_KEY", "HF_TOKEN"}
 
 
 @rule("extra-args-not-managed")
-def _extra_args(cfg: ClusterConfig) -> list[Finding]:
+def _extra_args(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
+    """extraArgs come last on the server's command line and win: refuse anything the engine's parser
+    would read as a flag the program sets (aliases, unique prefixes, vLLM's `_` for `-`: flags.py)."""
     out = []
-    managed = MANAGED_FLAGS if cfg.engine == "sglang" else VLLM_MANAGED_FLAGS
     for i, arg in enumerate(cfg.serving.extra_args):
-        flag = arg.split("=", 1)[0]
-        if flag in managed:
+        entry = flags.managed_entry(arg, cfg.engine)
+        if entry is not None:
             out.append(Finding("extra-args-not-managed", f"serving.extraArgs[{i}]", arg,
-                               "this flag is set by the program from the structured config",
-                               "remove it and set the matching serving field (or apiKey secret for --api-key)"))  # fmt: skip
+                               f"{cfg.engine} reads it as {entry.flag}, which the program sets ({entry.setting})",
+                               "remove it and set the matching field (the API key: the apiKey secret)"))  # fmt: skip
     return out
 
 
+# Knobs that change how much memory a rank takes outside the memory plan (the plan sets the ones it
+# accounts for; anything else here would make the plan's verdict meaningless).
+MEMORY_ENV = {
+    "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "NCCL_BUFFSIZE", "NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE",
+    "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_NCHANNELS_PER_NET_PEER", "NCCL_PROTO", "NCCL_CUMEM_ENABLE",
+    "NCCL_NVLS_ENABLE", "DSV41_CACHE_GIB", "DSV41_RESIDENT_SCALES", "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE",
+    "VLLM_CPU_KVCACHE_SPACE", "RAY_memory_monitor_refresh_ms", "RAY_memory_usage_threshold",
+}  # fmt: skip
+
+
 @rule("extra-env-not-managed")
-def _extra_env(cfg: ClusterConfig) -> list[Finding]:
+def _extra_env(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out = []
     for key in cfg.serving.extra_env:
-        if key in MANAGED_ENV:
-            out.append(Finding("extra-env-not-managed", f"serving.extraEnv.{key}", cfg.serving.extra_env[key],
-                               "set per rank by the program", "remove it from serving.extraEnv"))  # fmt: skip
-        elif key in SECRET_ENV:
+        if key in SECRET_ENV:
             out.append(Finding("extra-env-not-managed", f"serving.extraEnv.{key}", "<hidden>",
                                "secrets in extraEnv end up in plain text in state, labels and previews",
                                "remove it; the API key comes from `pulumi config set --secret deepseek-spark:apiKey`"))  # fmt: skip
+        elif key == "OFFLOAD_MODE":
+            continue  # no-ram-offload explains it
+        elif key in MANAGED_ENV:
+            out.append(Finding("extra-env-not-managed", f"serving.extraEnv.{key}", cfg.serving.extra_env[key],
+                               "set by the program from the structured config (extraEnv would override it)",
+                               "remove it from serving.extraEnv and set the matching field"))  # fmt: skip
+        elif key in MEMORY_ENV:
+            out.append(Finding("extra-env-not-managed", f"serving.extraEnv.{key}", cfg.serving.extra_env[key],
+                               "changes memory use outside the memory plan", "remove it from serving.extraEnv"))  # fmt: skip
+    return out
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+@rule("paths-apart-from-checkpoint")
+def _paths(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
+    """stateDir (the API key file) and engram.dir never inside or above checkpointDir: inside, they are
+    exported over NFS and mounted into every rank; above, the checkpoint sits inside them."""
+    ckpt = cfg.model.checkpoint_dir
+    out = []
+    for field, path in (("stateDir", plan.state_dir(cfg)), ("engram.dir", cfg.engram.dir if cfg.engram else None)):
+        if path is None:
+            continue
+        if _within(path, ckpt) or _within(ckpt, path):
+            where = "inside" if _within(path, ckpt) else "above"
+            out.append(Finding("paths-apart-from-checkpoint", field, path,
+                               f"is {where} model.checkpointDir {ckpt!r}, which is shared with every rank (and over NFS)",
+                               "use a directory outside the checkpoint tree, e.g. /var/lib/deepseek-spark or /data/engram"))  # fmt: skip
     return out
 
 
 @rule("image-build-context-exists")
-def _build_context(cfg: ClusterConfig) -> list[Finding]:
+def _build_context(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     b = cfg.image_build
     if b is None:
         return []
@@ -342,11 +396,22 @@ def _build_context(cfg: ClusterConfig) -> list[Finding]:
     if not (context / b.dockerfile).is_file():
         return [Finding("image-build-context-exists", "imageBuild.dockerfile", b.dockerfile,
                         f"not found in {b.context}", "name the Dockerfile inside imageBuild.context")]  # fmt: skip
+    unreadable = []
+    for rel in plan.context_files(context):
+        try:
+            with open(context / rel, "rb"):
+                pass
+        except OSError:
+            unreadable.append(rel)
+    if unreadable:
+        return [Finding("image-build-context-exists", "imageBuild.context", b.context,
+                        f"{len(unreadable)} file(s) the build would send cannot be read here: {unreadable[:5]}",
+                        "make them readable, or list them in the context's .dockerignore")]  # fmt: skip
     return []
 
 
 @rule("tp3-padding-warning")
-def _tp3(cfg: ClusterConfig) -> list[Finding]:
+def _tp3(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     if cfg.engine == "sglang" and cfg.serving.tp_size == 3:
         return [Finding("tp3-padding-warning", "serving.tpSize", 3,
                         "rank 2's attention shard is all padding (64 heads / 8 o-groups / 128 draft experts "
@@ -356,7 +421,7 @@ def _tp3(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("dev-image-warning")
-def _image(cfg: ClusterConfig) -> list[Finding]:
+def _image(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     if "@sha256:" not in cfg.image and ":dev" in cfg.image:
         return [Finding("dev-image-warning", "image", cfg.image,
                         "a development tag can move under you and then nodes run different builds",
@@ -365,7 +430,7 @@ def _image(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("kv-pin-clamp-warning")
-def _kv_clamp(cfg: ClusterConfig) -> list[Finding]:
+def _kv_clamp(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     prof = plan.PROFILES.get(cfg.model.profile)
     if cfg.engine != "sglang" or prof is None or prof.engine != "sglang":
         return []
@@ -379,7 +444,7 @@ def _kv_clamp(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("ring-needs-nccl-overlay-warning")
-def _ring(cfg: ClusterConfig) -> list[Finding]:
+def _ring(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     if cfg.topology != "ring":
         return []
     return [Finding("ring-needs-nccl-overlay-warning", "topology", "ring",
@@ -389,7 +454,7 @@ def _ring(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("vllm-weights-range-warning")
-def _vllm_high(cfg: ClusterConfig) -> list[Finding]:
+def _vllm_high(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     prof = plan.PROFILES.get(cfg.model.profile)
     if cfg.engine != "vllm" or prof is None or prof.engine != "vllm" or not plan.vllm_memory_plan(cfg).fits:
         return []
@@ -405,7 +470,7 @@ def _vllm_high(cfg: ClusterConfig) -> list[Finding]:
 
 
 @rule("pinned-revision-warning")
-def _pinned(cfg: ClusterConfig) -> list[Finding]:
+def _pinned(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     rev = cfg.model.revision
     if cfg.model.source == "download" and not (len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)):
         return [Finding("pinned-revision-warning", "model.revision", rev,
@@ -414,10 +479,10 @@ def _pinned(cfg: ClusterConfig) -> list[Finding]:
     return []
 
 
-def check(cfg: ClusterConfig) -> tuple[list[Finding], list[Finding]]:
-    """Run every rule; returns (errors, warnings). Missing or foreign engine fields are reported
-    alone: the other rules assume each engine's fields are there."""
-    findings = _engine_fields(cfg)
+def check(cfg: ClusterConfig, stack: str = "") -> tuple[list[Finding], list[Finding]]:
+    """Run every rule for `stack`; returns (errors, warnings). Missing or foreign engine fields are
+    reported alone: the other rules assume each engine's fields are there."""
+    findings = _engine_fields(cfg, stack)
     if not findings:
-        findings = [f for _, fn in RULES for f in fn(cfg)]
+        findings = [f for _, fn in RULES for f in fn(cfg, stack)]
     return [f for f in findings if f.level == "error"], [f for f in findings if f.level == "warning"]

@@ -8,10 +8,13 @@ Secrets are kept as `Secret(value)` so tests can tell secret inputs from plain o
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
 import logging
 import runpy
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +196,36 @@ def cluster_of(stack: str) -> dict:
     return copy.deepcopy(stack_file(stack)[f"{PROJECT}:cluster"])
 
 
+_KNOWN_HOSTS_DIR = Path(tempfile.mkdtemp(prefix="dspark-known-hosts-"))
+
+
+def fake_host_key(host: str, port: int = 22) -> str:
+    """A well-formed ed25519 host key, stable per host (tests never connect)."""
+    blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + hashlib.sha256(f"{host}:{port}".encode()).digest()
+    return "ssh-ed25519 " + base64.b64encode(blob).decode()
+
+
+def with_known_hosts(cluster) -> Any:
+    """Like a user's machine that has ssh'd to the nodes: a known_hosts file holding every node's key
+    (set as ssh.knownHostsFile when the cluster names none, or names one that does not exist here,
+    like the simulated cluster's before `sim create`), so the program can pin host keys."""
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("nodes"), list):
+        return cluster
+    ssh = cluster.get("ssh") if isinstance(cluster.get("ssh"), dict) else {}
+    if isinstance(ssh.get("knownHostsFile"), str) and Path(ssh["knownHostsFile"]).expanduser().exists():
+        return cluster
+    lines = []
+    for node in cluster["nodes"]:
+        if isinstance(node, dict) and isinstance(node.get("host"), str):
+            port = node.get("sshPort", 22)
+            name = node["host"] if port == 22 else f"[{node['host']}]:{port}"
+            lines.append(f"{name} {fake_host_key(node['host'], port)}\n")
+    text = "".join(lines)
+    path = _KNOWN_HOSTS_DIR / f"known_hosts-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    path.write_text(text)
+    return {**cluster, "ssh": {**ssh, "knownHostsFile": str(path)}}
+
+
 def run_program(
     stack: str,
     cluster: dict | None = None,
@@ -222,8 +255,8 @@ def run_program(
     config = {}
     for key, value in stack_file(stack).items():
         config[key] = value if isinstance(value, str) else json.dumps(value)
-    if cluster is not None:
-        config[f"{PROJECT}:cluster"] = json.dumps(cluster)
+    cluster = with_known_hosts(cluster if cluster is not None else cluster_of(stack))
+    config[f"{PROJECT}:cluster"] = json.dumps(cluster)
     secret_keys = []
     for key, value in (("apiKey", api_key), ("sshPrivateKey", ssh_key), *(secrets or {}).items()):
         if value is not None:

@@ -71,6 +71,10 @@ def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) 
     per_dial = float(conn.get("perDialTimeout", 15))
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(PinnedHostKey(conn.get("hostKey")))
+    # Like the real provider, a pinned key restricts the handshake to that key's type.
+    pinned_type = conn["hostKey"].split()[0] if conn.get("hostKey") else None
+    disabled = {"keys": [k for k in paramiko.Transport._preferred_keys if k != pinned_type
+                         and not (pinned_type == "ssh-rsa" and k.startswith("rsa-sha2"))]} if pinned_type else None
     last: Exception | None = None
     for attempt in range(attempts if attempts > 0 else 1_000_000):
         try:
@@ -78,6 +82,7 @@ def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) 
                 host, port=port, username=user, pkey=pkey, password=conn.get("password"),
                 timeout=per_dial, banner_timeout=per_dial, auth_timeout=per_dial,
                 allow_agent=pkey is None and not conn.get("password"), look_for_keys=False,
+                disabled_algorithms=disabled,
             )  # fmt: skip
             break
         except ProviderError:

@@ -377,7 +377,7 @@ def test_preflight_reruns_before_every_group_start(rec, stack):
 
 @pytest.mark.parametrize(
     "change",
-    [{"share": {"mode": "local"}}, {"share": {"mountOptions": "nfsvers=4.2,ro,hard"}}, {"serving": {"generation": 1}}],
+    [{"share": {"mode": "local"}}, {"share": {"mountOptions": ["nfsvers=4.2", "ro", "hard"]}}, {"serving": {"generation": 1}}],
     ids=["share-mode", "mount-options", "generation"],
 )
 def test_checkpoint_mount_and_generation_changes_restart_the_whole_group(change):

@@ -63,5 +63,5 @@ def test_unknown_field_fails_at_preview():
 
 
 def test_api_key_with_a_newline_is_refused():
-    with pytest.raises(pulumi.RunError, match="whitespace or control characters"):
+    with pytest.raises(pulumi.RunError, match="printable ASCII without spaces"):
         run_program("tp4", api_key="sk-0123456789abcdef\n")

@@ -50,7 +50,7 @@ FAILING = {
     "memory-plan-fits": ("tp4", _set(["serving", "maxTotalTokens"], 16000000), "serving.maxTotalTokens"),
     "context-length-supported": ("tp3", _set(["serving", "contextLength"], 1048576), "serving.contextLength"),
     "topology-fits-node-count": ("tp4", _set(["topology"], "direct"), "topology"),
-    "nfs-share-read-only": ("tp4", _set(["share"], {"exportOptions": "rw,sync"}), "share.exportOptions"),
+    "nfs-share-read-only": ("tp4", _set(["share"], {"exportOptions": ["rw", "sync"]}), "share.exportOptions"),
     "extra-args-not-managed": ("tp4", _set(["serving", "extraArgs"], ["--tp", "2"]), "serving.extraArgs[0]"),
     "extra-env-not-managed": ("tp4", _set(["serving", "extraEnv"], {"NODE_RANK": "0"}), "serving.extraEnv.NODE_RANK"),
     "tp3-padding-warning": ("tp3", lambda raw: raw, "serving.tpSize"),
@@ -60,6 +60,7 @@ FAILING = {
     "image-build-context-exists": ("tp4", _set(["imageBuild"], {"context": "no/such/recipe"}), "imageBuild.context"),
     "ring-needs-nccl-overlay-warning": ("tp4", _set(["topology"], "ring"), "topology"),
     "pinned-revision-warning": ("tp2", _set(["model", "revision"], "main"), "model.revision"),
+    "paths-apart-from-checkpoint": ("tp4", _set(["stateDir"], "/home/zurih/NewModels/DS4.1/state"), "stateDir"),
 }
 # rule -> (base stack, mutation) of a config the rule must accept (default: tp4 as it is)
 PASSING = {
@@ -81,10 +82,10 @@ VLLM_FAILING = {
 }
 
 
-def _findings(raw, name):
+def _findings(raw, name, stack="tp4"):
     cfg = parse_cluster(raw)
     fn = dict(rules.RULES)[name]
-    return fn(cfg)
+    return fn(cfg, stack)
 
 
 def test_every_rule_has_a_failing_case():
@@ -141,9 +142,9 @@ def test_download_needs_a_repo():
     assert [f.field for f in _findings(raw, "engine-fields")] == ["model.hfRepo"]
 
 
-@pytest.mark.parametrize("stack", ["tp3", "tp4", "tp2", "sim"])
+@pytest.mark.parametrize("stack", ["tp3", "tp4", "tp2", "sim", "sim-tp2"])
 def test_seed_stacks_have_no_errors(stack):
-    errors, _ = rules.check(parse_cluster(cluster_of(stack)))
+    errors, _ = rules.check(parse_cluster(cluster_of(stack)), stack)
     assert errors == []
 
 

@@ -1,0 +1,192 @@
+"""The engine flags the program sets itself, and which `serving.extraArgs` element would set one.
+
+Why this exists: `plan.sglang_args` / `plan.vllm_serve_args` append `serving.extraArgs` LAST, so
+an extra flag that names a setting the program already put on the command line wins over the
+validated value. Comparing the text before `=` with a set of flag names is not enough, because
+the engines parse with argparse:
+
+- aliases: SGLang `--tp` / `--tp-size` / `--tensor-parallel-size`, `--model` / `--model-path`,
+  `--ep` / `--expert-parallel-size`, `--nccl-init-addr` / `--dist-init-addr`; vLLM `-tp`.
+- abbreviations: argparse's default `allow_abbrev=True` resolves any unique prefix of a long
+  option (`--mem-fraction 0.99` sets `--mem-fraction-static`). Both engines keep the default:
+  SGLang's `prepare_server_args` builds `argparse.ArgumentParser(prog="sglang serve")`; vLLM's
+  `FlexibleArgumentParser` and the `serve` subparser (`subparsers.add_parser`) never pass
+  `allow_abbrev`. SGLang even relies on it: upstream declares no `--tp`, it is the abbreviation
+  of `--tp-size` the docs and `plan.sglang_args` use.
+  A single-dash prefix is matched whatever `allow_abbrev` says (CPython's `_get_option_tuples`):
+  `-t 8` sets vLLM's `-tp`.
+- underscores: vLLM's `FlexibleArgumentParser.parse_args` rewrites `--max_model_len` to
+  `--max-model-len` (everything after `--` up to the first `.`) before argparse sees it, and
+  turns a dotted `--flag.key value` into `--flag <json>`. SGLang does neither (an underscore
+  spelling is an unknown flag there: the launch fails, nothing is overridden).
+- `--flag=value` forms.
+
+Choice on prefixes: an element that is a prefix of a managed option string (anything longer than
+the bare `-` / `--`) is refused even when argparse would find it ambiguous. A unique prefix would
+set the managed flag; an ambiguous one makes the launch exit 2. Refusing both is the safe side,
+and it costs nothing as long as no real option is a strict prefix of a managed one (none of the
+options in sim/testdouble/flags.py or the stack files is; tests/unit/test_flags.py checks).
+Values (elements not starting with `-`) are never looked at; a value that itself starts with `-`
+and prefixes a managed option (e.g. `-t`) is refused too.
+
+Pure data + one function, stdlib only: `components/rules.py` (rule `extra-args-not-managed`)
+is the consumer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ManagedFlag:
+    flag: str  # the spelling the program writes (plan.sglang_args / plan.vllm_serve_args)
+    aliases: tuple[str, ...]  # other option strings of the same engine argument
+    setting: str  # where the program's value comes from
+    source: str  # where the engine defines the option
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return (self.flag, *self.aliases)
+
+
+_SGL = "python/sglang/srt/server_args.py ServerArgs"
+_VLLM_ENGINE = "vllm/engine/arg_utils.py EngineArgs.add_cli_args"
+_VLLM_FRONTEND = "vllm/entrypoints/openai/cli_args.py FrontendArgs (--{field} from the dataclass)"
+
+# `python3 -m sglang.launch_server` as plan.sglang_args builds it; --api-key is appended by the
+# launch wrapper on the head (plan.launch_wrapper, key="arg").
+SGLANG: tuple[ManagedFlag, ...] = (
+    ManagedFlag("--model-path", ("--model",), "the checkpoint mount (plan.MODEL_MOUNT)",
+                f"{_SGL}.model_path, Arg(aliases=['--model'])"),
+    ManagedFlag("--served-model-name", (), "model.servedName", f"{_SGL}.served_model_name"),
+    ManagedFlag("--trust-remote-code", (), "always on (plan.sglang_args)", f"{_SGL}.trust_remote_code (switch)"),
+    ManagedFlag("--load-format", (), "fixed: safetensors (plan.sglang_args)", f"{_SGL}.load_format"),
+    ManagedFlag("--tp", ("--tp-size", "--tensor-parallel-size"), "serving.tpSize",
+                f"{_SGL}.tp_size, Arg(aliases=['--tensor-parallel-size']); `--tp` is argparse's abbreviation "
+                "of --tp-size upstream (older releases: add_argument('--tensor-parallel-size', '--tp-size')), "
+                "declared in sim/testdouble/flags.py"),
+    ManagedFlag("--ep-size", ("--expert-parallel-size", "--ep"), "serving.epSize",
+                f"{_SGL}.ep_size, Arg(aliases=['--expert-parallel-size', '--ep'])"),
+    ManagedFlag("--nnodes", (), "the number of nodes", f"{_SGL}.nnodes"),
+    ManagedFlag("--node-rank", (), "the rank's index in nodes", f"{_SGL}.node_rank"),
+    ManagedFlag("--dist-init-addr", ("--nccl-init-addr",), "head fabricIp + serving.distPort",
+                f"{_SGL}.dist_init_addr, Arg(aliases=['--nccl-init-addr'])"),
+    ManagedFlag("--host", (), "fixed: 0.0.0.0 (plan.sglang_args)", f"{_SGL}.host"),
+    ManagedFlag("--port", (), "serving.port", f"{_SGL}.port"),
+    ManagedFlag("--api-key", (), "the apiKey secret, appended by the launch wrapper", f"{_SGL}.api_key"),
+    ManagedFlag("--context-length", (), "serving.contextLength", f"{_SGL}.context_length"),
+    ManagedFlag("--max-total-tokens", (), "serving.maxTotalTokens", f"{_SGL}.max_total_tokens"),
+    ManagedFlag("--max-running-requests", (), "serving.maxRunningRequests", f"{_SGL}.max_running_requests"),
+    ManagedFlag("--cuda-graph-max-bs", (), "serving.maxRunningRequests",
+                f"{_SGL}.cuda_graph_max_bs (docs/advanced_features/server_arguments.md)"),
+    ManagedFlag("--mem-fraction-static", (), "serving.memFractionStatic", f"{_SGL}.mem_fraction_static"),
+    ManagedFlag("--chunked-prefill-size", (), "serving.chunkedPrefillSize", f"{_SGL}.chunked_prefill_size"),
+    ManagedFlag("--random-seed", (), "fixed: 0 (plan.sglang_args)", f"{_SGL}.random_seed"),
+    ManagedFlag("--enable-decoder-swa-bounded-replay", (), "always on (plan.sglang_args)",
+                f"{_SGL}.enable_decoder_swa_bounded_replay (switch)"),
+    ManagedFlag("--tool-call-parser", (), "fixed: deepseekv41 (plan.sglang_args)", f"{_SGL}.tool_call_parser"),
+    ManagedFlag("--reasoning-parser", (), "fixed: deepseek-v41 (plan.sglang_args)",
+                f"{_SGL}.reasoning_parser (choices added in add_cli_args)"),
+    ManagedFlag("--speculative-algorithm", (), "serving.specAlgo", f"{_SGL}.speculative_algorithm"),
+    ManagedFlag("--speculative-dspark-block-size", (), "serving.dsparkBlockSize",
+                f"{_SGL}.speculative_dspark_block_size"),
+)  # fmt: skip
+
+# `vllm serve MODEL ...` as plan.vllm_serve_args builds it; the API key reaches vLLM as
+# VLLM_API_KEY (plan.launch_wrapper, key="env:VLLM_API_KEY"), so --api-key would replace it.
+VLLM: tuple[ManagedFlag, ...] = (
+    ManagedFlag("--model", (), "the positional MODEL: the checkpoint mount (plan.MODEL_MOUNT)",
+                f"{_VLLM_ENGINE} model_group '--model'; positional model_tag in vllm/entrypoints/openai/"
+                "cli_args.py make_arg_parser; FlexibleArgumentParser.parse_args moves `--model X` there"),
+    ManagedFlag("--served-model-name", (), "model.servedName", f"{_VLLM_ENGINE} model_group"),
+    ManagedFlag("--tensor-parallel-size", ("-tp",), "serving.tpSize",
+                f"{_VLLM_ENGINE} parallel_group add_argument('--tensor-parallel-size', '-tp')"),
+    ManagedFlag("--distributed-executor-backend", (), "serving.distributedExecutorBackend",
+                f"{_VLLM_ENGINE} parallel_group"),
+    ManagedFlag("--kv-cache-dtype", (), "serving.kvCacheDtype", f"{_VLLM_ENGINE} cache_group (CacheConfig.cache_dtype)"),
+    ManagedFlag("--max-model-len", (), "serving.maxModelLen", f"{_VLLM_ENGINE} model_group"),
+    ManagedFlag("--gpu-memory-utilization", (), "serving.gpuMemoryUtilization", f"{_VLLM_ENGINE} cache_group"),
+    ManagedFlag("--host", (), "fixed: 0.0.0.0 (plan.vllm_serve_args)", f"{_VLLM_FRONTEND}.host"),
+    ManagedFlag("--port", (), "serving.port", f"{_VLLM_FRONTEND}.port"),
+    ManagedFlag("--api-key", (), "the apiKey secret, exported as VLLM_API_KEY", f"{_VLLM_FRONTEND}.api_key"),
+    ManagedFlag("--max-num-seqs", (), "serving.maxRunningRequests", f"{_VLLM_ENGINE} scheduler_group"),
+)  # fmt: skip
+
+ENGINES: dict[str, tuple[ManagedFlag, ...]] = {"sglang": SGLANG, "vllm": VLLM}
+
+# Flags the program does not set but that would take memory or the endpoint outside the plan:
+# refused in extraArgs the same way (aliases, prefixes, underscores).
+UNPLANNED: dict[str, tuple[ManagedFlag, ...]] = {
+    "sglang": (
+        ManagedFlag("--cuda-graph-bs", (), "refused: captures batch sizes the memory plan does not count",
+                    f"{_SGL}.cuda_graph_bs"),
+        ManagedFlag("--speculative-num-draft-tokens", (), "refused: serving.dsparkBlockSize sets it (block + 1)",
+                    f"{_SGL}.speculative_num_draft_tokens"),
+    ),
+    "vllm": (
+        ManagedFlag("--kv-cache-memory-bytes", (), "refused: replaces serving.gpuMemoryUtilization in the plan",
+                    f"{_VLLM_ENGINE} cache_group"),
+        ManagedFlag("--num-gpu-blocks-override", (), "refused: a KV size outside the memory plan",
+                    f"{_VLLM_ENGINE} cache_group"),
+        ManagedFlag("--uds", (), "refused: a unix socket instead of serving.port (the endpoint would be gone)",
+                    f"{_VLLM_FRONTEND}.uds"),
+    ),
+}  # fmt: skip
+
+# Engines whose parser resolves unique prefixes of long options (allow_abbrev left at True):
+# SGLang python/sglang/srt/server_args.py prepare_server_args; vLLM vllm/utils/argparse_utils.py
+# FlexibleArgumentParser + vllm/entrypoints/cli/serve.py subparsers.add_parser("serve", ...).
+ABBREVIATES = {"sglang": True, "vllm": True}
+# Engines that read `_` as `-` in long option names (vLLM FlexibleArgumentParser.parse_args).
+UNDERSCORES = {"sglang": False, "vllm": True}
+
+
+def spellings(engine: str) -> frozenset[str]:
+    """Every option string ``engine``'s extraArgs may not set: managed flags, unplanned ones, aliases."""
+    return frozenset(s for m in ENGINES[engine] + UNPLANNED[engine] for s in m.spellings)
+
+
+def _option_key(arg: str, engine: str) -> str:
+    """The option string the engine's parser looks up for one argv element."""
+    key = arg.split("=", 1)[0]
+    if engine == "vllm":
+        key = key.split(".", 1)[0]  # `--flag.key value` is parsed as `--flag <json>`
+    if UNDERSCORES[engine] and key.startswith("--"):
+        key = "--" + key[2:].replace("_", "-")
+    return key
+
+
+def managed_entry(arg: str, engine: str) -> ManagedFlag | None:
+    """The managed flag (with its provenance) that ``arg`` would set; see `managed_flag`."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r} (expected one of {sorted(ENGINES)})")
+    if not arg.startswith("-"):
+        return None  # a value or a positional, not an option
+    key = _option_key(arg, engine)
+    table = ENGINES[engine] + UNPLANNED[engine]
+    for m in table:
+        if key in m.spellings:
+            return m
+    if key in ("-", "--"):
+        return None
+    for m in table:
+        for s in m.spellings:
+            # single-dash prefixes match in any parser; long ones only where abbreviations are on
+            if s.startswith(key) and (ABBREVIATES[engine] or not key.startswith("--")):
+                return m
+    return None
+
+
+def managed_flag(arg: str, engine: str) -> str | None:
+    """The managed flag that ``arg`` (one element of serving.extraArgs) would set when parsed by
+    ``engine``'s real launcher ("sglang" or "vllm"), as the program spells it; None otherwise.
+
+    Only elements starting with `-` are options. `=value` is dropped; for vLLM `_` reads as `-`
+    in long options and a dotted `--flag.key` counts as `--flag`. An exact flag or alias matches;
+    so does any prefix of one (longer than `-`/`--`), unique or ambiguous: argparse would either
+    resolve it to that flag or refuse to start. When a prefix fits several managed flags, the
+    first in table order is returned. Raises ValueError for an unknown engine.
+    """
+    entry = managed_entry(arg, engine)
+    return entry.flag if entry else None

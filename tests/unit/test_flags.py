@@ -1,0 +1,277 @@
+"""components.flags: which serving.extraArgs element would set a flag the program manages.
+
+Behaviour cases, the program's own command lines, the stack files, and properties checked against
+real argparse parsers built from the test doubles' flag tables (sim/testdouble/flags.py).
+"""
+
+import argparse
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import flags, plan
+from components.config import parse_cluster
+from harness import cluster_of
+from sim.testdouble import flags as double
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "arg,flag",
+    [
+        ("--tp-s", "--tp"),
+        ("--tp=8", "--tp"),
+        ("--tp", "--tp"),
+        ("--tp-size", "--tp"),
+        ("--tensor-parallel-size=2", "--tp"),
+        ("--tensor", "--tp"),
+        ("--mem-fraction", "--mem-fraction-static"),
+        ("--mem-fraction-static=0.99", "--mem-fraction-static"),
+        ("--context-len", "--context-length"),
+        ("--model", "--model-path"),
+        ("--model=/etc", "--model-path"),
+        ("--model-p", "--model-path"),
+        ("--api-k", "--api-key"),
+        ("--ep", "--ep-size"),
+        ("--expert-parallel-size=1", "--ep-size"),
+        ("--nccl-init-addr", "--dist-init-addr"),
+        ("--max-total", "--max-total-tokens"),
+        ("--max-running", "--max-running-requests"),
+        ("--cuda-graph-max", "--cuda-graph-max-bs"),
+        ("--chunked-prefill", "--chunked-prefill-size"),
+        ("--speculative-dspark", "--speculative-dspark-block-size"),
+        ("--speculative-algo=NONE", "--speculative-algorithm"),
+        ("--load-format=dummy", "--load-format"),
+        ("--served-model", "--served-model-name"),
+        ("--node-r", "--node-rank"),
+        ("--nnodes=1", "--nnodes"),
+        ("--dist-init", "--dist-init-addr"),
+        ("--ho", "--host"),
+        ("--po", "--port"),
+        ("--random-seed=1", "--random-seed"),
+        ("--reasoning", "--reasoning-parser"),
+        ("--tool-call", "--tool-call-parser"),
+    ],
+)
+def test_sglang_refuses_aliases_prefixes_and_values(arg, flag):
+    assert flags.managed_flag(arg, "sglang") == flag
+
+
+@pytest.mark.parametrize(
+    "arg,flag",
+    [
+        ("--max_model_len", "--max-model-len"),
+        ("--max-model-len=1", "--max-model-len"),
+        ("--max_model_len=999999", "--max-model-len"),
+        ("--max-model", "--max-model-len"),
+        ("--max-model-len.foo", "--max-model-len"),
+        ("-tp", "--tensor-parallel-size"),
+        ("-tp=8", "--tensor-parallel-size"),
+        ("-t", "--tensor-parallel-size"),
+        ("--tensor_parallel_size", "--tensor-parallel-size"),
+        ("--tensor_par=2", "--tensor-parallel-size"),
+        ("--gpu-memory", "--gpu-memory-utilization"),
+        ("--gpu_memory_utilization=0.99", "--gpu-memory-utilization"),
+        ("--kv-cache-d", "--kv-cache-dtype"),
+        ("--max-num-s", "--max-num-seqs"),
+        ("--distributed_executor_backend=mp", "--distributed-executor-backend"),
+        ("--served_model_name", "--served-model-name"),
+        ("--api_key=x", "--api-key"),
+        ("--model", "--model"),
+        ("--model=/etc", "--model"),
+        ("--mod", "--model"),
+        ("--host", "--host"),
+        ("--port=1", "--port"),
+    ],
+)
+def test_vllm_refuses_aliases_prefixes_underscores_and_values(arg, flag):
+    """(also: flags the program does not set but that act outside the memory plan or the endpoint)"""
+    assert flags.managed_flag(arg, "vllm") == flag
+
+
+@pytest.mark.parametrize(
+    "arg,engine",
+    [
+        # values and positionals are not options
+        ("8", "sglang"), ("dsv4", "sglang"), ("1800", "vllm"), ("-1", "vllm"), ("-0.5", "sglang"),
+        # the bare prefix characters are not abbreviations
+        ("-", "sglang"), ("--", "sglang"), ("-", "vllm"), ("--", "vllm"),
+        # SGLang reads no underscore spellings: an unknown flag there, it cannot override anything
+        ("--max_total_tokens", "sglang"), ("--tp_size", "sglang"),
+        # longer than a managed flag is not a prefix of it
+        ("--model-impl", "sglang"), ("--model-impl", "vllm"), ("--tp-sizes", "sglang"),
+        ("--max-num-batched-tokens", "vllm"),
+        # managed by the other engine only
+        ("--tool-call-parser", "vllm"), ("--context-length", "vllm"), ("--max-model-len", "sglang"),
+        ("-tp", "sglang"),
+        # harmless flags in use
+        ("--attention-backend", "sglang"), ("--moe-runner-backend", "sglang"), ("--fp8-gemm-backend", "sglang"),
+        ("--watchdog-timeout", "sglang"), ("--watchdog-timeout=1800", "sglang"), ("--sleep-on-idle", "sglang"),
+        ("--min-free-slots-delay", "sglang"), ("--enable-metrics", "sglang"), ("--log-level", "sglang"),
+        ("--dp", "sglang"), ("--disable-cuda-graph", "sglang"),
+        ("--enforce-eager", "vllm"), ("--enable-prefix-caching", "vllm"), ("--enable_prefix_caching", "vllm"),
+        ("--uvicorn-log-level=debug", "vllm"), ("--disable-log-requests", "vllm"), ("-O3", "vllm"),
+    ],
+)  # fmt: skip
+def test_harmless_elements_pass(arg, engine):
+    assert flags.managed_flag(arg, engine) is None
+
+
+def test_unknown_engine_is_an_error():
+    with pytest.raises(ValueError, match="unknown engine"):
+        flags.managed_flag("--tp", "trtllm")
+
+
+def test_every_entry_names_its_setting_and_engine_source():
+    for engine, table in flags.ENGINES.items():
+        names = [s for m in table for s in m.spellings]
+        assert len(names) == len(set(names)), f"{engine}: a spelling is listed twice"
+        for m in table:
+            assert m.setting and m.source, m
+            assert all(s.startswith("-") for s in m.spellings), m
+
+
+def _options(argv):
+    return {a for a in argv if a.startswith("-")}
+
+
+def test_every_flag_the_program_sets_is_managed():
+    """plan.sglang_args / plan.vllm_serve_args: each option maps to itself, and each managed flag is
+    one the program sets (or the key / the positional model it passes another way)."""
+    cfg = parse_cluster(dict(cluster_of("tp4"), serving=dict(cluster_of("tp4")["serving"], extraArgs=[])))
+    sglang = set().union(*(_options(plan.sglang_args(cfg, r)) for r in range(len(cfg.nodes))))
+    raw = cluster_of("tp2")
+    raw["serving"].update(extraArgs=[], maxRunningRequests=8)
+    vllm = _options(plan.vllm_serve_args(parse_cluster(raw)))
+    for engine, options, elsewhere in (("sglang", sglang, {"--api-key"}), ("vllm", vllm, {"--api-key", "--model"})):
+        assert {o for o in options if flags.managed_flag(o, engine) != o} == set(), engine
+        assert {m.flag for m in flags.ENGINES[engine]} - options == elsewhere, engine
+
+
+def _stack_clusters():
+    for path in sorted(ROOT.glob("Pulumi.*.yaml")):
+        config = yaml.safe_load(path.read_text()).get("config") or {}
+        cluster = config.get("deepseek-spark:cluster")
+        if cluster:
+            yield path.name, cluster
+
+
+def test_no_stack_file_extra_arg_is_refused():
+    seen = 0
+    for name, cluster in _stack_clusters():
+        engine = cluster.get("engine", "sglang")
+        for arg in cluster.get("serving", {}).get("extraArgs", []):
+            seen += 1
+            assert flags.managed_flag(str(arg), engine) is None, f"{name}: {arg}"
+    assert seen  # the stack files do carry extraArgs (tp3, tp4, sim)
+
+
+def test_test_double_tables_managed_iff_listed():
+    """Every option of the double's tables is managed exactly when components.flags lists it."""
+    for engine in ("sglang", "vllm"):
+        for flag in double.ENGINES[engine]:
+            for name in (flag, *double.ALIASES[engine].get(flag, ())):
+                got = flags.managed_flag(name, engine)
+                assert (got is not None) == (name in flags.spellings(engine)), (engine, name, got)
+
+
+# ---- properties against argparse parsers built from the test doubles' tables ----------------------
+
+
+def _abbreviating_parser(engine):
+    parser = argparse.ArgumentParser(prog=f"{engine}-abbrev", allow_abbrev=True, add_help=False)
+    if engine == "vllm":
+        parser.add_argument("model")
+    return double.add_table(parser, engine)
+
+
+def _value(engine, flag):
+    """A value the double accepts for ``flag`` that differs from its default (None for a switch)."""
+    if double.ENGINES[engine][flag] == "bool":
+        return None
+    choices = double.CHOICES[engine].get(flag)
+    if choices:
+        return next(c for c in choices if c != double.TABLE_DEFAULTS[engine].get(flag))
+    return "7" if flag in double.TYPES[engine] else "x7"
+
+
+def _dest(flag):
+    return flag[2:].replace("-", "_")
+
+
+def _prefixes(name):
+    start = 3 if name.startswith("--") else 2  # more than the bare "--" / "-"
+    return [name[:i] for i in range(start, len(name) + 1)]
+
+
+def _set_dests(parser, argv, baseline):
+    """The dests ``argv`` changes, or None when argparse refuses it (unknown, ambiguous, bad value)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            ns, rest = parser.parse_known_args(argv)
+        except SystemExit:
+            return None
+    if rest:
+        return None
+    return {k for k, v in vars(ns).items() if v != getattr(baseline, k)}
+
+
+def _check_prefixes(engine, spell, positional):
+    parser = _abbreviating_parser(engine)
+    baseline = parser.parse_args(positional)
+    managed = {_dest(f) for f in double.ENGINES[engine] if f in flags.spellings(engine)}
+    resolved = []
+    for flag in double.ENGINES[engine]:
+        value = _value(engine, flag)
+        for name in (flag, *double.ALIASES[engine].get(flag, ())):
+            for prefix in _prefixes(name):
+                for arg in spell(prefix):
+                    forms = [[arg]] if value is None else [[arg, value], [f"{arg}={value}"]]
+                    for form in forms:
+                        argv = positional + form
+                        if engine == "vllm":
+                            argv = double.normalize_vllm_argv(argv)
+                        changed = _set_dests(parser, argv, baseline)
+                        if changed is None:
+                            continue
+                        if changed & managed:
+                            resolved.append(arg)
+                            assert flags.managed_flag(form[0], engine) is not None, (engine, form, changed)
+                        else:
+                            # argparse resolved it to an unmanaged option: it must pass, unless it is also
+                            # a prefix of a refused flag the double lacks (ambiguous for the real engine)
+                            entry = flags.managed_entry(form[0], engine)
+                            assert entry is None or entry in flags.UNPLANNED[engine], (engine, form, changed)
+    return resolved
+
+
+def test_sglang_every_prefix_argparse_resolves_to_a_managed_flag_is_refused():
+    resolved = _check_prefixes("sglang", lambda p: [p], [])
+    assert {"--tp-s", "--mem-fraction", "--context-len", "--api-k", "--max-total"} <= set(resolved)
+
+
+def test_vllm_every_prefix_and_underscore_spelling_argparse_resolves_to_a_managed_flag_is_refused():
+    def spell(prefix):
+        return [prefix, "--" + prefix[2:].replace("-", "_")] if prefix.startswith("--") else [prefix]
+
+    resolved = _check_prefixes("vllm", spell, ["/models/m"])
+    assert {"-t", "-tp", "--max_model_len", "--max-model", "--tensor_parallel_size", "--gpu_mem"} <= set(resolved)
+
+
+def test_single_dash_prefix_resolves_even_without_abbreviations():
+    """The double's own vLLM parser (allow_abbrev=False, like a strict launcher) still reads `-t 2`
+    as `-tp 2`: argparse matches single-dash prefixes regardless, so `-t` must be refused."""
+    assert double.parse_args(["/models/m", "-t", "2"], "vllm").tensor_parallel_size == 2
+    assert flags.managed_flag("-t", "vllm") == "--tensor-parallel-size"
+
+
+@pytest.mark.parametrize("arg, engine, flag", [("--cuda-graph-bs=1", "sglang", "--cuda-graph-bs"),
+                                               ("--kv_cache_memory_bytes", "vllm", "--kv-cache-memory-bytes"),
+                                               ("--num-gpu-blocks", "vllm", "--num-gpu-blocks-override"),
+                                               ("--uds", "vllm", "--uds")])  # fmt: skip
+def test_flags_outside_the_memory_plan_or_the_endpoint_are_refused_too(arg, engine, flag):
+    assert flags.managed_flag(arg, engine) == flag
