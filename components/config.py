@@ -8,15 +8,18 @@ each one can be listed, tested and reported with its fix.
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import posixpath
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
+from .shapes import (
+    _HCA_LIST, _HF_REPO, _HOST_KEY, _IFNAME_LIST, _IMAGE, _NAME, _NETDEV, _REVISION, _ENV_KEY, api_key_problem,
+    check_host, check_options, check_path, check_printable, shape,
+)  # fmt: skip
 
 PROJECT = "deepseek-spark"
 CLUSTER_KEY = "cluster"
@@ -33,109 +36,24 @@ class _Strict(BaseModel):
     )
 
 
-# ------------------------------------------------------------------------------------------ shapes
-# Every value that reaches a shell, an exports line, a URL or a server flag has a strict shape. The
-# checks are plain functions (the policy pack imports them too): each raises ValueError saying what
-# is allowed, so the refusal names the field, the value and the fix.
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_DNS_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
-_HOSTNAME = re.compile(rf"^{_DNS_LABEL}(?:\.{_DNS_LABEL})*$")
-_NETDEV = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}"  # Linux IFNAMSIZ: at most 15 characters
-_IFNAME_LIST = re.compile(rf"^[=^]?{_NETDEV}(?:,{_NETDEV})*$")  # NCCL_SOCKET_IFNAME: list, ^ = exclude, = = exact
-_HCA_LIST = re.compile(rf"^[=^]?{_NETDEV}(?::[0-9]{{1,2}})?(?:,{_NETDEV}(?::[0-9]{{1,2}})?)*$")  # NCCL_IB_HCA
-_HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")  # served model name, kv cache dtype, profile
-_IMAGE = re.compile(
-    r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"  # registry[:port]/
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # repository path
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"  # :tag, @digest
-)
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_OPTION = re.compile(r"^[a-z0-9_]+(?:=[A-Za-z0-9_.:/@+-]+)?$")  # one NFS export/mount option
-_HOST_KEY = re.compile(r"^(?:ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)) [A-Za-z0-9+/]+={0,3}$")
-# Where a checkpoint, a state dir or engram shards must never go: writing ~400 GiB there, exporting
-# it over NFS or mounting it into containers breaks the node.
-SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run",
-               "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/home", "/mnt", "/media", "/snap",
-               "/usr/local", "/var/lib", "/var/log", "/var/run", "/var/tmp"}  # fmt: skip
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
-
-
-def _shape(pattern: re.Pattern[str], what: str):
-    def check(value: str) -> str:
-        if not pattern.fullmatch(value):
-            raise ValueError(f"not {what}")
-        return value
-
-    return check
-
-
-def check_host(value: str) -> str:
-    """A node's management address: an IPv4 address or a DNS name; no port, user, brackets or spaces."""
-    try:
-        ip = ipaddress.ip_address(value)
-    except ValueError:
-        ip = None
-    if ip is not None and ip.version == 6:
-        raise ValueError("IPv6 addresses are not supported (ssh, docker and the endpoint URL need one form); "
-                         "use the node's IPv4 address or a DNS name")  # fmt: skip
-    if ip is None and (not _HOSTNAME.fullmatch(value) or value.replace(".", "").isdigit()):
-        raise ValueError("not an IPv4 address or a DNS name (no port, user@, brackets or spaces: set nodes[].sshPort "
-                         "and nodes[].sshUser for those), e.g. 10.0.0.1 or spark1.lan")  # fmt: skip
-    return value
-
-
-def check_path(value: str) -> str:
-    """An absolute, normalized node path without whitespace or control characters, outside system dirs."""
-    if _CONTROL.search(value) or any(c.isspace() for c in value):
-        raise ValueError("must not contain whitespace or control characters (it is exported over NFS, "
-                         "mounted by docker and passed to shell commands)")  # fmt: skip
-    if not posixpath.isabs(value):
-        raise ValueError("must be an absolute path on the node")
-    path = posixpath.normpath(value)
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
-    if path in SYSTEM_DIRS or any(path == t or path.startswith(t + "/") for t in SYSTEM_TREES):
-        raise ValueError("is a system directory (or inside one): use a directory of its own, "
-                         "e.g. /srv/models/DeepSeek-V4.1-Flash or /data/engram")  # fmt: skip
-    return path
-
-
-def check_options(value: list[str]) -> list[str]:
-    """NFS export or mount options: one option per list item, `name` or `name=value`."""
-    for opt in value:
-        if not _OPTION.fullmatch(opt):
-            raise ValueError(f"option {opt!r} is not `name` or `name=value` (letters, digits, _.:/@+-): "
-                             "one option per list item, no commas, spaces, parentheses or newlines")  # fmt: skip
-    return value
-
-
-def check_printable(value: str) -> str:
-    if _CONTROL.search(value):
-        raise ValueError("must not contain control characters (newlines, tabs, NUL)")
-    return value
-
-
 Host = Annotated[str, AfterValidator(check_host)]
 NodePath = Annotated[str, AfterValidator(check_path)]
 Printable = Annotated[str, AfterValidator(check_printable)]
-IfnameList = Annotated[str, AfterValidator(_shape(_IFNAME_LIST, "a network interface name or comma list "
+IfnameList = Annotated[str, AfterValidator(shape(_IFNAME_LIST, "a network interface name or comma list "
                                                   "(at most 15 characters each: letters, digits, _.-), e.g. enP7s7"))]
-HcaList = Annotated[str, AfterValidator(_shape(_HCA_LIST, "an RDMA device name or comma list (name[:port]), "
+HcaList = Annotated[str, AfterValidator(shape(_HCA_LIST, "an RDMA device name or comma list (name[:port]), "
                                                "e.g. rocep1s0f0,rocep1s0f1"))]
-HfRepo = Annotated[str, AfterValidator(_shape(_HF_REPO, "a Hugging Face repo id owner/name, e.g. "
+HfRepo = Annotated[str, AfterValidator(shape(_HF_REPO, "a Hugging Face repo id owner/name, e.g. "
                                               "nvidia/DeepSeek-V4.1-Flash-NVFP4"))]
-Revision = Annotated[str, AfterValidator(_shape(_REVISION, "a revision (commit, tag or branch: letters, digits, "
+Revision = Annotated[str, AfterValidator(shape(_REVISION, "a revision (commit, tag or branch: letters, digits, "
                                                 "_./-, at most 128)"))]
-Name = Annotated[str, AfterValidator(_shape(_NAME, "a name of letters, digits and _.:/- (at most 128)"))]
-ImageRef = Annotated[str, AfterValidator(_shape(_IMAGE, "a docker image reference [registry[:port]/]repo[:tag]"
+Name = Annotated[str, AfterValidator(shape(_NAME, "a name of letters, digits and _.:/- (at most 128)"))]
+ImageRef = Annotated[str, AfterValidator(shape(_IMAGE, "a docker image reference [registry[:port]/]repo[:tag]"
                                                 "[@sha256:<64 hex>], lowercase repository"))]
-HostKey = Annotated[str, AfterValidator(_shape(_HOST_KEY, "an ssh public host key '<type> <base64>' as in "
+HostKey = Annotated[str, AfterValidator(shape(_HOST_KEY, "an ssh public host key '<type> <base64>' as in "
                                                "known_hosts without the host, e.g. 'ssh-ed25519 AAAA...'"))]
 Options = Annotated[list[str], AfterValidator(check_options)]
-EnvKey = Annotated[str, AfterValidator(_shape(_ENV_KEY, "an environment variable name (letters, digits, _; "
+EnvKey = Annotated[str, AfterValidator(shape(_ENV_KEY, "an environment variable name (letters, digits, _; "
                                               "not starting with a digit)"))]
 
 
@@ -212,7 +130,7 @@ class EngramConfig(_Strict):
 class FabricConfig(_Strict):
     socket_ifname: IfnameList = Field(default="enP7s7", description="NCCL/GLOO bootstrap interface")
     ib_hca: HcaList = Field(default="rocep1s0f0,rocep1s0f1", description="NCCL_IB_HCA: both RoCE twins")
-    iface: Annotated[str, AfterValidator(_shape(re.compile(_NETDEV), "a network interface name (at most 15 "
+    iface: Annotated[str, AfterValidator(shape(re.compile(_NETDEV), "a network interface name (at most 15 "
                                                 "characters: letters, digits, _.-), e.g. enp1s0f1np1"))] = Field(
         default="enp1s0f1np1", description="ConnectX-7 netdev checked by preflight")  # fmt: skip
     link_speed_mbps: int = Field(default=200000, ge=1, le=10_000_000)
@@ -267,7 +185,7 @@ class ImageBuildConfig(_Strict):
     context: Printable = Field(min_length=1, description="directory with the Dockerfile, relative to the project")
     dockerfile: Printable = "Dockerfile"
     args: dict[EnvKey, Printable] = Field(default_factory=dict)
-    platform: Annotated[str, AfterValidator(_shape(re.compile(r"^[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?$"),
+    platform: Annotated[str, AfterValidator(shape(re.compile(r"^[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?$"),
                                                    "a platform os/arch[/variant], e.g. linux/arm64"))] | None = Field(
         default="linux/arm64", description="DGX Spark is aarch64")  # fmt: skip
 
@@ -372,26 +290,6 @@ class Settings:
     ssh_private_key: Any  # pulumi.Output[str] (secret) or None: ssh-agent is used then
     hf_token: Any = None  # pulumi.Output[str] (secret) or None: for model.source: download
     host_keys: tuple[str | None, ...] = ()  # per node: pinned for remote commands (None: not verified)
-
-
-# Values that SGLang recipes, proxies or habit treat as "no authentication".
-WEAK_KEYS = {"", "none", "null", "nil", "empty", "off", "false", "no", "dummy", "test", "changeme", "password",
-             "secret", "sk-", "sk-xxx", "token", "key", "apikey", "api-key", "0", "1"}  # fmt: skip
-MIN_KEY_LENGTH = 16
-
-
-def api_key_problem(key: str) -> str | None:
-    """Why `key` cannot protect the endpoint, or None (the policy pack applies the same check)."""
-    if key.strip().lower() in WEAK_KEYS:
-        return f"is {key.strip()!r}, which SGLang recipes and proxies treat as 'no authentication'"
-    if not key.isascii() or any(not c.isprintable() or c.isspace() for c in key):
-        return ("must be printable ASCII without spaces (a trailing newline? a non-ASCII character cannot travel "
-                "in an HTTP header, so every request would fail)")  # fmt: skip
-    if key.startswith("-"):
-        return "must not start with '-' (SGLang would read it as a flag: rank 0 fails to parse its arguments)"
-    if len(key) < MIN_KEY_LENGTH:
-        return f"is {len(key)} characters; use at least {MIN_KEY_LENGTH} (e.g. 64 hex characters)"
-    return None
 
 
 def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import flags, plan
+from .shapes import read_only_problem
 from .config import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig
 
 
@@ -298,15 +299,6 @@ def _nfs_ro(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
         if problem:
             out.append(Finding("nfs-share-read-only", field, opts, problem, fix))
     return out
-
-
-def read_only_problem(options: list[str]) -> str | None:
-    """Why these NFS options do not make a read-only share, or None (the policy pack checks the same)."""
-    if "ro" not in options:
-        return "the checkpoint share must be read-only: 'ro' is missing (a worker must never write the checkpoint)"
-    if "rw" in options:
-        return "'rw' makes the checkpoint share writable"
-    return None
 
 
 MANAGED_ENV = {

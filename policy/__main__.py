@@ -3,9 +3,15 @@
 The checks are plain functions in guardrails.py; policies.py turns them into pulumi-policy objects.
 """
 
-from pulumi_policy import EnforcementLevel, PolicyPack
+import sys
+from pathlib import Path
 
-import policies
+# The pack shares the program's validators (components/shapes.py): one source of truth.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pulumi_policy import EnforcementLevel, PolicyPack  # noqa: E402
+
+import policies  # noqa: E402
 
 PolicyPack(
     name=policies.PACK_NAME,

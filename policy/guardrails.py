@@ -34,6 +34,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from components import shapes  # the program's own validators (policy/__main__.py puts the project on sys.path)
+
 PROJECT = "deepseek-spark"
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
@@ -59,6 +61,7 @@ class StackFacts:
 
     secrets: tuple[str, ...] = ()  # decrypted values of the secret config keys
     checkpoint_dirs: tuple[str, ...] = ()
+    api_key_problem: Optional[str] = None  # why the stack's apiKey cannot protect the endpoint (shapes)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], secret_keys: Iterable[str] = DEFAULT_SECRET_KEYS) -> "StackFacts":
@@ -80,7 +83,9 @@ class StackFacts:
             ckpt = (cluster.get("model") or {}).get("checkpointDir")
             if isinstance(ckpt, str) and ckpt.startswith("/"):
                 dirs.append(posixpath.normpath(ckpt))
-        return cls(tuple(secrets), tuple(dirs))
+        key = flat.get(f"{PROJECT}:apiKey")
+        problem = shapes.api_key_problem(key) if isinstance(key, str) else None
+        return cls(tuple(secrets), tuple(dirs), problem)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], secret_keys: Iterable[str] = DEFAULT_SECRET_KEYS) -> "StackFacts":
@@ -94,7 +99,7 @@ class StackFacts:
     def with_policy_config(self, config: Mapping[str, Any]) -> "StackFacts":
         """Add `checkpointDirs` from a policy's config."""
         extra = [posixpath.normpath(d) for d in (config.get("checkpointDirs") or []) if str(d).startswith("/")]
-        return StackFacts(self.secrets, tuple(dict.fromkeys([*self.checkpoint_dirs, *extra])))
+        return StackFacts(self.secrets, tuple(dict.fromkeys([*self.checkpoint_dirs, *extra])), self.api_key_problem)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -575,11 +580,19 @@ def export_entry_problems(line: str) -> list[str]:
                 f"{path} is exported to {shown}, not to single hosts: list each worker's fabric IP "
                 "(no wildcards, networks or netgroups)"
             )
+        try:
+            shapes.check_options(options)
+        except ValueError as exc:
+            out.append(f"{path}: options of {client or 'everyone'}: {exc}")
         access = [o for o in options if o in ("ro", "rw")]
         if access and access[-1] == "rw":
             out.append(f"{path} is exported read-write to {client or 'everyone'}: export it ro (workers only read it)")
         elif not access:
             out.append(f"{path} is exported to {client or 'everyone'} without an explicit 'ro': add ro (never rw)")
+    try:
+        shapes.check_path(path)
+    except ValueError as exc:
+        out.append(f"exported path {path!r} {exc}")
     return out
 
 
@@ -794,8 +807,11 @@ def _allowed(resource_type: str, path: tuple[str, ...]) -> bool:
 
 def check_no_plain_secrets(res: Any, config: Mapping[str, Any], facts: StackFacts) -> list[str]:
     """No secret value (the stack's own, or anything shaped like a key) in an input that is not one of
-    the secret-carrying inputs. Messages name the field, never the value."""
+    the secret-carrying inputs, and a stack API key that really protects the endpoint (the program's
+    own check). Messages name the field, never the value."""
     out = []
+    if facts.api_key_problem and res.resource_type == CONTAINER and labels_of(res.props).get("deepseek-spark.rank") == "0":
+        out.append(f"{_label(res)} would serve with {PROJECT}:apiKey, which {facts.api_key_problem}")
     props = res.props
     for path, text in strings(props):
         if _allowed(res.resource_type, path):

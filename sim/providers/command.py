@@ -99,9 +99,12 @@ def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) 
         for k, v in env.items():  # like ssh Setenv: the node's sshd may refuse these
             channel.update_environment({k: v})
         channel.exec_command(script)
-        if stdin:
-            channel.sendall(stdin.encode())
-        channel.shutdown_write()
+        try:
+            if stdin:
+                channel.sendall(stdin.encode())
+            channel.shutdown_write()
+        except OSError:
+            pass  # the command finished without reading its stdin (e.g. `rm -f` on delete): not an error
         out, err = channel.makefile("rb").read(), channel.makefile_stderr("rb").read()
         return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
     finally:

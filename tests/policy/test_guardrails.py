@@ -334,3 +334,33 @@ def test_the_checkpoint_download_may_write_but_nothing_else_may(recordings):
     assert run_policy("checkpoint-never-deleted", other_target, stack="tp2")
     not_a_download = changed(dl, create=dl.inputs["create"].replace("--entrypoint huggingface-cli", "--entrypoint sh"))
     assert run_policy("checkpoint-never-deleted", not_a_download, stack="tp2")
+
+
+# ---------------------------------------------------------------------------------- one source of truth
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (lambda s: s.replace("insecure)", "insecure) 10.9.9.9(rw,no_root_squash)"), "read-write"),
+        (lambda s: s.replace("(ro,sync", "(ro,sync,anonuid=!0"), "is not `name` or `name=value`"),
+        (lambda s: s.replace("/home/zurih/NewModels/DS4.1 ", "/etc "), "system directory"),
+    ],
+    ids=["second-client-rw", "odd-option", "system-dir"],
+)
+def test_the_pack_refuses_exports_with_the_programs_own_shapes(recordings, edit, expect):
+    export = recordings["tp4"].named("tp4-checkpoint-export")
+    found = run_policy("nfs-exports-read-only-to-named-hosts", changed(export, create=edit(export.plain["create"])))
+    assert any(expect in m for m in found), found
+
+
+def test_the_pack_and_the_program_judge_the_api_key_alike(recordings):
+    from components import shapes
+
+    weak = dict(stack_config("tp4"), **{"deepseek-spark:apiKey": "-starts-with-a-dash-0123"})
+    facts = guardrails.StackFacts.from_config(weak)
+    assert facts.api_key_problem == shapes.api_key_problem("-starts-with-a-dash-0123") is not None
+    head = recordings["tp4"].named("tp4-sglang-rank0")
+    found = guardrails.check_no_plain_secrets(as_args(head), {}, facts)
+    assert any("must not start with '-'" in m for m in found), found
+    assert guardrails.check_no_plain_secrets(as_args(head), {}, facts_for("tp4")) == []
