@@ -104,9 +104,11 @@ class PulumiProject:
                               text=True, timeout=timeout)  # fmt: skip
         return Run(label, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0)
 
-    def _inline(self, op: str, diff: bool, policy_pack: bool, refresh: bool = False, timeout: float = 900) -> Run:
+    def _inline(self, op: str, diff: bool, policy_pack: bool, refresh: bool = False, timeout: float = 900,
+                policy_config: Path | None = None) -> Run:  # fmt: skip
         argv = [sys.executable, str(ROOT / "tests/e2e/inline.py"), op, "--stack", self.stack,
                 "--work-dir", str(self.work_dir)]  # fmt: skip
+        argv += ["--policy-pack-config", str(policy_config)] if policy_config else []
         argv += ["--diff"] if diff else []
         argv += ["--policy-pack", POLICY_PACK] if policy_pack else []
         argv += ["--refresh"] if refresh else []
@@ -120,8 +122,8 @@ class PulumiProject:
         return subprocess.Popen(argv, cwd=self.work_dir, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
-    def preview(self, diff: bool = True, policy_pack: bool = True) -> Run:
-        return self._inline("preview", diff, policy_pack)
+    def preview(self, diff: bool = True, policy_pack: bool = True, policy_config: Path | None = None) -> Run:
+        return self._inline("preview", diff, policy_pack, policy_config=policy_config)
 
     def up(self, policy_pack: bool = True, diff: bool = False, timeout: float = 900) -> Run:
         return self._inline("up", diff, policy_pack, timeout=timeout)

@@ -79,6 +79,16 @@ def test_preview_shows_every_node_the_policy_pack_and_no_secret(first, project, 
     assert sim.private_key and open(sim.private_key).read().splitlines()[1] not in text
 
 
+def test_the_policy_pack_blocks_a_preview_it_refuses(first, project, tmp_path):
+    """The pack runs inside the real preview and stops it: here its config claims the engram dir holds a
+    checkpoint, which the shard packer writes to."""
+    policy_config = tmp_path / "policy-config.json"
+    policy_config.write_text('{"checkpoint-never-deleted": {"checkpointDirs": ["/srv/engram"]}}')
+    run = project.preview(policy_config=policy_config)
+    assert run.code != 0, run.text[-3000:]
+    assert "checkpoint-never-deleted" in run.text and "mandatory" in run.text.lower()
+
+
 def test_first_up_answers_through_the_client_config(first, project):
     assert "42" in first.answer
     assert sorted(containers_of(STACK)) == list(RANKS)
