@@ -53,13 +53,14 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         # RDMA devices for NCCL over RoCE
         "if [ -e /dev/infiniband ]; then ok infiniband; else "
         'fail infiniband "/dev/infiniband is missing; install the MLNX/DOCA OFED drivers"; fi',
-        # fabric link up at the expected rate
-        f"link=$(ethtool {q(f.iface)} 2>/dev/null || true)",
+        # fabric link up at the expected rate (config values reach the shell only through q, never inside "...")
+        f"iface={q(f.iface)}",
+        'link=$(ethtool "$iface" 2>/dev/null || true)',
         "if printf '%s\\n' \"$link\" | grep -q 'Link detected: yes'; then ok fabric-link; else "
-        f'fail fabric-link {q(f"{f.iface} is down or missing; check the ConnectX-7 cable and fabric.iface")}; fi',
+        'fail fabric-link "$iface is down or missing; check the ConnectX-7 cable and fabric.iface"; fi',
         "speed=$(printf '%s\\n' \"$link\" | sed -n 's/.*Speed: *\\([0-9][0-9]*\\)Mb\\/s.*/\\1/p' | head -n 1)",
         f'if [ "${{speed:-0}}" -ge {f.link_speed_mbps} ]; then ok fabric-speed; else '
-        f'fail fabric-speed "{f.iface} runs at ${{speed:-unknown}} Mb/s, expected {f.link_speed_mbps}; reseat the cable"; fi',
+        f'fail fabric-speed "$iface runs at ${{speed:-unknown}} Mb/s, expected {f.link_speed_mbps}; reseat the cable"; fi',
     ]
     if rank == 0 and head_needs_sudo(cfg):
         lines.append(
@@ -111,10 +112,11 @@ def download(cfg: ClusterConfig, stack: str) -> str:
     m = cfg.model
     return (
         "set -eu\n"
-        f"dir={q(m.checkpoint_dir)}; stamp=\"$dir/.deepseek-spark-download\"; rev={q(m.revision)}\n"
+        f"dir={q(m.checkpoint_dir)}; stamp=\"$dir/.deepseek-spark-download\"; rev={q(m.revision)}; "
+        f"repo={q(m.hf_repo or '')}\n"
         "count() { ls \"$dir\" 2>/dev/null | grep -c '\\.safetensors$' || true; }\n"
         f'if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$rev" ] && [ "$(count)" -ge {m.expected_shards} ]; then\n'
-        f'  echo "checkpoint {m.hf_repo}@$rev already in $dir"; exit 0\n'
+        '  echo "checkpoint $repo@$rev already in $dir"; exit 0\n'
         "fi\n"
         'mkdir -p "$dir"\n'
         "HF_TOKEN=''; IFS= read -r HF_TOKEN || true; export HF_TOKEN\n"

@@ -1,21 +1,27 @@
 """One quoting discipline, proven by execution.
 
 Every string of the stack config reaches the nodes' shells only through one quoting function
-(`commands.q`, shlex.quote). This file proves it for every string field of the config model and for
-the secrets: each gets shell-injection payloads whose only effect would be creating a marker file
-(MARK, unique per case). A case is either
+(`commands.q`, shlex.quote), never inside "...". This file proves it for every string field of the
+config model and for the secrets: each gets shell-injection payloads whose only effect would be
+creating a marker file (MARK: an absolute path in a tmp dir, unique per case). A case is either
 
 - refused at preview: `parse_cluster` raises ConfigError, `rules.check` returns errors, or the program
   refuses it (`config.load`: pulumi.RunError), or
 - executed: the program runs under Pulumi mocks (harness.run_program) and every shell script it
-  registered (remote/local Command create/update/delete, rank containers' `/bin/sh -c` entrypoints
-  with their args) runs under /bin/sh with a PATH of stub tools only, in a sandbox, in three node
-  states (broken node, fresh node, same node again), so failure branches and "already done" branches
-  run too. MARK must never be created.
+  registered (remote/local Command create/update/delete, with their stdin and environment; rank
+  containers' `/bin/sh -c` entrypoints with their args and env; the client env file and curl script
+  rendered from the stack outputs) runs under /bin/sh with a PATH of
+  stub tools only, in a sandbox, in three node states (broken node, fresh node, same node again), so
+  failure branches and "already done" branches run too. MARK must never be created.
 
 The string fields are walked from `ClusterConfig.model_fields`, so a field added later is covered
-without touching this file. Identical script invocations are executed once (memoized): a script
-that does not contain the case's payload is the same text as one already run.
+without touching this file. Node paths (checkpointDir, engram.dir, stateDir, ssh.knownHostsFile) of
+each stack file are moved into the sandbox first; writes outside it are refused by the stubs.
+
+Speed: every case is first checked alone at preview (cheap). The cases of one payload that preview
+accepts then run together, each with its own MARK, so a stack needs one program run and one
+execution of its scripts per payload, not per case; a MARK names the case that created it. Identical
+script invocations run once (memoized).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import copy
 import inspect
 import itertools
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -38,10 +45,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import pulumi
 import pytest
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 import harness
-from components import commands, rules
+from components import clients, commands, rules
 from components.config import ClusterConfig, ConfigError, parse_cluster
 
 STACKS = ("tp4", "tp2", "sim", "sim-tp2", "tp3")
@@ -195,11 +201,17 @@ def inject(raw: dict, path: tuple[str, ...], payload: str, index: int, seeds: di
     return _put(copy.deepcopy(raw), path, ClusterConfig, payload, index, seeds, "")
 
 
-def node_indices(path: tuple[str, ...], raw: dict) -> list[int]:
-    """Which list item a payload goes to: the head and the last worker for `nodes[]...` fields."""
-    if ITEM not in path or path[path.index(ITEM) - 1] != "nodes":
-        return [0]
-    return sorted({0, len(raw.get("nodes", [])) - 1})
+def item_indices(path: tuple[str, ...], raw: dict) -> list[int] | None:
+    """For a field inside a list of sections (nodes[].host): the items a payload goes to, the first
+    (the head) and the last (a worker); None for any other field."""
+    if ITEM not in path:
+        return None
+    value: Any = raw
+    for part in path[: path.index(ITEM)]:
+        value = value.get(part) if isinstance(value, dict) else None
+    if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+        return None
+    return sorted({0, len(value) - 1})
 
 
 # ------------------------------------------------------------------------------ the sandbox
@@ -219,8 +231,9 @@ case "$1" in
       case "$prev" in --rank) rank=$a ;; --tp) tp=$a ;; esac
       prev=$a
     done
-    case "$dl" in __ROOT__/*) i=1; while [ "$i" -le 64 ]; do : > "$dl/model-$i.safetensors"; i=$((i + 1)); done ;; esac
-    case "$out" in __ROOT__/*) for l in 1 14; do echo packed > "$out/engram-l$l-r${rank}of$tp.bin"; done ;; esac ;;
+    # the download (64 shards) and the engram pack (this rank's shards), written only inside the sandbox
+    case "$dl" in *..*) ;; __ROOT__/*) i=1; while [ "$i" -le 64 ]; do : > "$dl/model-$i.safetensors"; i=$((i + 1)); done ;; esac
+    case "$out" in *..*) ;; __ROOT__/*) for l in 1 14; do echo packed > "$out/engram-l$l-r${rank}of$tp.bin"; done ;; esac ;;
 esac
 exit 0""",
     "nvidia-smi": r"""case "$1" in
@@ -283,6 +296,7 @@ class Run:
     mode: str
     rc: int
     stderr: str
+    made: list[str]  # markers this run created (removed again)
 
 
 class Sandbox:
@@ -299,6 +313,7 @@ class Sandbox:
         self._write_tools()
         self.ckpt, self.engram, self.state = self.data / "ckpt", self.data / "engram", self.data / "state"
         self.home, self.work = self.data / "home", self.data / "work"
+        self.tp, self.shards = 1, 1  # the stack's, once base() read it
         self.reset(broken=False)
         self.done: dict[Invocation, list[Run]] = {}
         self._ids = itertools.count()
@@ -329,19 +344,20 @@ class Sandbox:
         shutil.rmtree(self.data, ignore_errors=True)
         for d in (self.ckpt, self.engram, self.state, self.home, self.work):
             d.mkdir(parents=True)
-        if broken:  # stale stamps of another revision: the re-download / re-pack branches run
+        if broken:  # stamps of another revision: the re-download / re-pack branches run
             (self.ckpt / ".deepseek-spark-download").write_text("stale\n")
-            for tp in range(1, 9):
-                for rank in range(tp):
-                    (self.engram / f".engram-r{rank}of{tp}.revision").write_text("stale\n")
+            for rank in range(self.tp):
+                (self.engram / f".engram-r{rank}of{self.tp}.revision").write_text("stale\n")
         else:  # a complete checkpoint: the preflight checks pass
             (self.ckpt / "config.json").write_text("{}")
-            for i in range(1, 65):
-                (self.ckpt / f"model-{i:05d}-of-00064.safetensors").write_text("")
+            for i in range(1, self.shards + 1):
+                (self.ckpt / f"model-{i:05d}-of-{self.shards:05d}.safetensors").write_text("")
 
     def base(self, stack: str) -> dict:
         """The stack file's cluster with every node path inside the sandbox."""
         raw = harness.cluster_of(stack)
+        self.tp = int(raw.get("serving", {}).get("tpSize", 1))
+        self.shards = int(raw["model"].get("expectedShards", 48))
         raw["model"]["checkpointDir"] = str(self.ckpt)
         if isinstance(raw.get("engram"), dict):
             raw["engram"]["dir"] = str(self.engram)
@@ -370,18 +386,28 @@ class Sandbox:
         except OSError:
             pass
 
+    def _state(self) -> list[tuple[str, int, int]]:
+        return sorted((str(p), p.lstat().st_size, p.lstat().st_mtime_ns) for p in self.data.rglob("*"))
+
     def execute(self, inv: Invocation) -> list[Run]:
-        """Run one invocation in every node state (once: identical invocations are memoized)."""
+        """Run one invocation in every node state (once: identical invocations are memoized). The
+        second healthy run is skipped when the first changed nothing on the node (it would repeat it)."""
         if inv in self.done:
             return []
         runs = []
         for mode, reset, mode_env in MODES:
             if reset:
                 self.reset(broken=bool(mode_env))
+                before = self._state()
+            elif self._state() == before:
+                continue
             env = {k: v for k, v in inv.env if k and "=" not in k and "\0" not in k + v}
             env.update(PATH=str(self.bin), HOME=str(self.home), TMPDIR=str(self.work), LC_ALL="C", **mode_env)
             rc, err = _run(list(inv.argv), inv.stdin, env, self.work)
-            runs.append(Run(inv, mode, rc, err))
+            made = sorted(str(p) for p in self.marks.iterdir())
+            for p in made:
+                os.unlink(p)
+            runs.append(Run(inv, mode, rc, err, made))
         self.done[inv] = runs
         return runs
 
@@ -402,7 +428,7 @@ def _run(argv: list[str], stdin: str | None, env: dict[str, str], cwd: Path) -> 
 
 # ------------------------------------------------------------------------------ the program's scripts
 
-SHELLS = ("/bin/sh", "sh", "/bin/bash", "bash", "/bin/dash", "dash", "/usr/bin/env sh")
+SHELLS = ("sh", "bash", "dash", "ash")
 COMMANDS = ("command:remote:Command", "command:local:Command")
 CONTAINER = "docker:index/container:Container"
 # Resource types whose inputs reach no shell: image names, volume options, ssh argv for the provider.
@@ -424,12 +450,23 @@ def scripts(rec: harness.Recording) -> tuple[list[Invocation], list[str]]:
         elif r.type == CONTAINER:
             full = [*(plain.get("entrypoints") or []), *(plain.get("command") or [])]
             env = tuple(sorted(tuple(e.split("=", 1)) for e in plain.get("envs") or [] if "=" in e))
-            if len(full) >= 3 and full[0] in SHELLS and full[1] == "-c":
-                out.append(Invocation(r.name, "entrypoint", ("/bin/sh", "-c", *full[2:]), None, env))
-            else:  # exec form: no shell parses the arguments
-                assert not full or os.path.basename(full[0]) not in ("sh", "bash", "dash"), (r.name, full[:2])
+            # `sh -c SCRIPT NAME ARGS...`: SCRIPT runs with NAME as $0 and ARGS as "$@". Anything else is
+            # exec form: no shell parses the arguments.
+            if full and os.path.basename(full[0]) in SHELLS and "-c" in full[1:-1]:
+                out.append(Invocation(r.name, "entrypoint", ("/bin/sh", *full[full.index("-c"):]), None, env))
         elif r.custom and r.type not in NO_SHELL:
             unknown.append(r.type)
+    # The client configs rendered from the stack outputs: an env file that is sourced by sh, a curl script.
+    try:
+        client = clients.client_from_outputs(harness.reveal(rec.outputs))
+    except clients.ClientConfigError:
+        client = None
+    if client is not None:
+        env_file = "set -a\n" + clients.render_openai_env(client) + "set +a\n"
+        out.append(Invocation("clients openai-env", "sourced", ("/bin/sh", "-c", env_file), None, ()))
+        out.append(Invocation("clients curl", "key in file", ("/bin/sh", "-c", clients.render_curl(client)), None, ()))
+        curl = clients.render_curl(client, "DSPARK_KEY")
+        out.append(Invocation("clients curl", "key from env", ("/bin/sh", "-c", curl), None, (("DSPARK_KEY", "sk-x"),)))
     return out, unknown
 
 
@@ -451,14 +488,21 @@ def script_texts(rec: harness.Recording) -> list[str]:
 
 
 @dataclass
-class Outcome:
+class Case:
+    """One (stack, field, payload): refused at preview, or executed with MARK never created."""
+
     stack: str
-    field: str  # label of the field, with [i] for the node it went to
+    field: str  # the field's label, nodes[i] naming the node the payload went to; secret:<key> for secrets
     payload: str
-    status: str  # refused:parse, refused:rules, refused:load, executed
+    mark: Path
+    value: str
+    path: tuple[str, ...] | None = None  # None for a secret
+    index: int = 0
+    secret_arg: str | None = None  # run_program argument (api_key, ssh_key) or secrets= key
+    status: str = "pending"  # refused:parse, refused:rules, refused:load, executed
     reached_shell: bool = False  # the payload was part of a script, its args, env or stdin
-    runs: int = 0  # script runs of this case (memoized invocations excluded)
     problems: list[str] = field(default_factory=list)
+    evidence: str = ""  # the first script that ran the payload, and its stderr
 
 
 def _rule_errors(cfg: ClusterConfig, stack: str) -> list:
@@ -467,78 +511,129 @@ def _rule_errors(cfg: ClusterConfig, stack: str) -> list:
     return errors
 
 
-def run_case(sb: Sandbox, stack: str, where: str, raw: dict, payload_name: str, secret_args: dict,
-             value: str, mark: Path) -> Outcome:  # fmt: skip
-    out = Outcome(stack, where, payload_name, "executed")
+def refusal(raw: dict, stack: str) -> str | None:
+    """Why preview refuses this cluster value before the program runs, or None."""
     try:
         cfg = parse_cluster(raw)
     except ConfigError:
-        out.status = "refused:parse"
-        return out
-    if _rule_errors(cfg, stack):
-        out.status = "refused:rules"
-        return out
-    sb.prepare_known_hosts(raw)
-    run_args = {k: v for k, v in secret_args.items() if k in ("api_key", "ssh_key")}
-    extra = {k: v for k, v in secret_args.items() if k not in run_args}
-    try:
-        rec = harness.run_program(stack, cluster=raw, secrets=extra or None, **run_args)
-    except (pulumi.RunError, ConfigError):
-        out.status = "refused:load"
-        return out
+        return "refused:parse"
+    return "refused:rules" if _rule_errors(cfg, stack) else None
+
+
+def run_group(sb: Sandbox, stack: str, base: dict, cases: list[Case], stats: dict[str, int]) -> None:
+    """Run the program once with every case of the group in place (each with its own MARK) and
+    execute every script it registered. A group preview refuses is split until each refused case is
+    alone: a case is refused only for its own value."""
+    if not cases:
+        return
+    raw = base
+    for c in cases:
+        if c.path is not None:
+            raw = inject(raw, c.path, c.value, c.index, sb.seeds())
+    status, rec = refusal(raw, stack), None
+    if status is None:
+        sb.prepare_known_hosts(raw)
+        secrets = {c.secret_arg: c.value for c in cases if c.secret_arg}
+        run_args = {k: secrets.pop(k) for k in ("api_key", "ssh_key") if k in secrets}
+        try:
+            rec = harness.run_program(stack, cluster=raw, secrets=secrets or None, **run_args)
+        except (pulumi.RunError, ConfigError):
+            status = "refused:load"
+    if status is not None:
+        if len(cases) == 1:
+            cases[0].status = status
+        else:
+            run_group(sb, stack, base, cases[: len(cases) // 2], stats)
+            run_group(sb, stack, base, cases[len(cases) // 2 :], stats)
+        return
+    stats["programs"] += 1
     invocations, unknown = scripts(rec)
     if unknown:
-        out.problems.append(f"resource types this test cannot classify (do they run a shell?): {sorted(set(unknown))}")
-    if secret_args:
-        leaked = [t[:80] for t in script_texts(rec) if value in t]
-        if leaked:
-            out.problems.append(f"the secret is part of a script, an argument or a container env: {leaked}")
-    out.reached_shell = any(str(mark) in inv.text() for inv in invocations)
+        cases[0].problems.append(f"resource types this test cannot classify (a shell?): {sorted(set(unknown))}")
+    texts = script_texts(rec)
+    for c in cases:
+        c.status = "executed"
+        c.reached_shell = any(str(c.mark) in inv.text() for inv in invocations)
+        if c.secret_arg and any(c.value in t for t in texts):
+            c.problems.append("the secret is part of a script, a container argument, env or label")
+    by_mark = {str(c.mark): c for c in cases}
     for inv in invocations:
         for run in sb.execute(inv):
-            out.runs += 1
+            stats["runs"] += 1
             if run.rc == -1:
-                out.problems.append(f"{inv.resource} {inv.what} ({run.mode}) hung: {run.stderr[-300:]}")
-            if mark.exists():
-                out.problems.append(
-                    f"INJECTION: {inv.resource} {inv.what} ({run.mode}) created the marker; stderr: {run.stderr[-300:]!r}"
+                owners = [c for c in cases if str(c.mark) in inv.text()] or cases[:1]
+                for c in owners:
+                    c.problems.append(f"{inv.resource} {inv.what} ({run.mode}) hung: {run.stderr[-300:]!r}")
+            for made in run.made:
+                owner = by_mark.get(made) or cases[0]
+                owner.problems.append(f"INJECTION: {inv.resource} {inv.what} ({run.mode}) created {Path(made).name}")
+                script = inv.argv[2] if len(inv.argv) > 2 else inv.argv[-1]
+                owner.evidence = owner.evidence or (
+                    f"{inv.resource} {inv.what} ({run.mode}):\n{script}\nstderr: {run.stderr[-400:]}"
                 )
-                mark.unlink()
-    return out
 
 
-def stack_cases(sb: Sandbox, stack: str):
-    """(field label, raw config, payload name, secret args, value, mark) for every case of a stack."""
+def stack_results(sb: Sandbox, stack: str, stats: dict[str, int]) -> list[Case]:
+    """Every (field, payload) and (secret, payload) case of one stack.
+
+    Each case is first checked alone (parse_cluster, rules.check). The cases of one payload that
+    preview accepts run together (the secrets as a group of their own): one program run and one
+    execution of its scripts per group instead of one per case."""
     base = sb.base(stack)
-    for path in string_fields():
-        for index in node_indices(path, base):
-            where = label(path).replace("nodes[]", f"nodes[{index}]")
-            for name, template in PAYLOADS.items():
+    cases: list[Case] = []
+    for name, template in PAYLOADS.items():
+        group = []
+        for path in string_fields():
+            indices = item_indices(path, base)
+            for index in indices if indices is not None else [0]:
                 mark = sb.mark()
-                payload = template.format(mark=mark)
-                yield where, inject(base, path, payload, index, sb.seeds()), name, {}, payload, mark
-    for secret, (arg, prefix) in SECRETS.items():
-        for name, template in PAYLOADS.items():
+                value = template.format(mark=mark)
+                where = label(path).replace("[]", f"[{index}]", 1) if indices is not None else label(path)
+                c = Case(stack, where, name, mark, value, path, index)
+                c.status = refusal(inject(base, path, value, index, sb.seeds()), stack) or "pending"
+                cases.append(c)
+                if c.status == "pending":
+                    group.append(c)
+        run_group(sb, stack, base, group, stats)
+        secrets = []
+        for secret, (arg, prefix) in SECRETS.items():
             mark = sb.mark()
-            value = prefix + template.format(mark=mark)
-            yield secret, base, name, {arg: value}, value, mark
-
-
-_RESULTS: dict[str, list[Outcome]] = {}
-_TIMES: dict[str, float] = {}
+            secrets.append(Case(stack, secret, name, mark, prefix + template.format(mark=mark), secret_arg=arg))
+        run_group(sb, stack, base, secrets, stats)
+        cases += secrets
+    return cases
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory) -> Sandbox:
-    return Sandbox(tmp_path_factory.mktemp("shell-injection"))
+def sandboxes(tmp_path_factory):
+    """One sandbox per stack (its scripts name its paths), made on first use."""
+    root = tmp_path_factory.mktemp("shell-injection")
+    made: dict[str, Sandbox] = {}
+
+    def get(stack: str) -> Sandbox:
+        if stack not in made:
+            made[stack] = Sandbox(root / stack)
+        return made[stack]
+
+    return get
 
 
-def results(sb: Sandbox, stack: str) -> list[Outcome]:
-    if stack not in _RESULTS:
-        start = time.monotonic()
-        _RESULTS[stack] = [run_case(sb, stack, *case) for case in stack_cases(sb, stack)]
-        _TIMES[stack] = time.monotonic() - start
-    return _RESULTS[stack]
+@pytest.fixture(scope="module")
+def results(sandboxes):
+    """The cases of a stack, run on first use; `results.stats[stack]`: program runs, script runs, seconds."""
+    done: dict[str, list[Case]] = {}
+
+    def get(stack: str) -> list[Case]:
+        if stack not in done:
+            stats: dict[str, float] = defaultdict(int)
+            start = time.monotonic()
+            done[stack] = stack_results(sandboxes(stack), stack, stats)
+            stats["seconds"] = time.monotonic() - start
+            get.stats[stack] = stats
+        return done[stack]
+
+    get.stats = {}
+    return get
 
 
 # ------------------------------------------------------------------------------ tests
@@ -554,87 +649,102 @@ def test_the_walk_finds_the_string_fields_of_the_model():
 
 
 @pytest.mark.parametrize("name", PAYLOADS)
-def test_the_executor_catches_naive_quoting(sandbox, name):
+def test_the_executor_catches_naive_quoting(sandboxes, name):
     """Self-check: each payload does create MARK in some naive context (bare, '...', "..."), and never
     once shlex.quote'd. So a MARK-free run below means the quoting held, not a blind executor."""
+    sb = sandboxes("self-check")
     fired = []
-    for context in ("echo {}", "echo '{}'", 'echo "{}"', "x={}; echo \"$x\""):
-        mark = sandbox.mark()
+    for context in ("echo {}", "echo '{}'", 'echo "{}"', 'x={}; echo "$x"'):
+        mark = sb.mark()
         payload = PAYLOADS[name].format(mark=mark)
-        inv = Invocation("naive", context, ("/bin/sh", "-c", context.format(payload)), None, ())
-        sandbox.execute(inv)
-        if mark.exists():
+        naive = sb.execute(Invocation("naive", context, ("/bin/sh", "-c", context.format(payload)), None, ()))
+        if any(str(mark) in run.made for run in naive):
             fired.append(context)
-            mark.unlink()
-        quoted = Invocation("quoted", context, ("/bin/sh", "-c", f"echo {commands.q(payload)}"), None, ())
-        sandbox.execute(quoted)
-        assert not mark.exists(), f"{name}: shlex.quote did not hold"
+        quoted = f"x={commands.q(payload)}; echo {commands.q(payload)} \"$x\""
+        runs = sb.execute(Invocation("quoted", context, ("/bin/sh", "-c", quoted), None, ()))
+        assert not any(run.made for run in runs), f"{name}: shlex.quote did not hold"
     assert fired, f"payload {name} never fires, even unquoted: it proves nothing"
 
 
-def test_the_pipeline_catches_a_planted_bug(sandbox, monkeypatch):
-    """Self-check of the whole chain (run_program -> collected scripts -> execution): a preflight
-    that echoes readiness.prompt inside double quotes is caught."""
+def test_the_pipeline_catches_a_planted_bug(sandboxes, monkeypatch):
+    """Self-check of the whole chain (config -> run_program -> collected scripts -> execution): a
+    preflight that echoes readiness.prompt inside double quotes is caught, and blamed on that field."""
     original = commands.preflight
     monkeypatch.setattr(
         commands, "preflight", lambda cfg, stack, rank: f'echo "{cfg.readiness.prompt}"\n' + original(cfg, stack, rank)
     )
-    mark = sandbox.mark()
-    payload = PAYLOADS["dollar-paren"].format(mark=mark)
-    raw = inject(sandbox.base("tp4"), ("readiness", "prompt"), payload, 0, sandbox.seeds())
-    out = run_case(sandbox, "tp4", "readiness.prompt", raw, "dollar-paren", {}, payload, mark)
-    if out.status != "executed":
-        pytest.skip(f"readiness.prompt is now refused ({out.status}): plant the bug in another free-text field")
-    assert out.reached_shell and any(p.startswith("INJECTION: tp4-spark1-preflight") for p in out.problems), out
+    sb = sandboxes("self-check")
+    base = sb.base("tp4")
+    mark = sb.mark()
+    case = Case("tp4", "readiness.prompt", "dollar-paren", mark, PAYLOADS["dollar-paren"].format(mark=mark),
+                ("readiness", "prompt"))  # fmt: skip
+    run_group(sb, "tp4", base, [case], defaultdict(int))
+    if case.status != "executed":
+        pytest.skip(f"readiness.prompt is now refused ({case.status}): plant the bug in another free-text field")
+    assert case.reached_shell, case
+    assert any(p.startswith("INJECTION: tp4-spark1-preflight create") for p in case.problems), case
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_tool_the_scripts_call_is_stubbed(sandbox, stack):
-    """The unmodified stack's scripts run against the stubs: no tool is missing (a missing tool would
-    end a `set -e` script early and leave its later lines untested) and nothing hangs."""
-    raw = sandbox.base(stack)
-    sandbox.prepare_known_hosts(raw)
+def test_the_stacks_own_scripts_run_to_the_end_against_the_stubs(sandboxes, stack):
+    """Without payloads, every script runs against the stubs: no tool is missing (a missing tool would
+    end a `set -e` script early and leave its later lines untested), nothing hangs, and on a healthy
+    node every script succeeds; preflight may only miss /dev/infiniband (this machine has no RDMA)."""
+    sb = sandboxes(stack)
+    raw = sb.base(stack)
+    sb.prepare_known_hosts(raw)
     invocations, unknown = scripts(harness.run_program(stack, cluster=raw))
     assert invocations and not unknown
-    missing = []
+    problems = []
     for inv in invocations:
-        for run in sandbox.execute(inv) or sandbox.done[inv]:
-            assert run.rc != -1, f"{inv.resource} {inv.what} hung"
-            missing += [f"{inv.resource} {inv.what}: {line}" for line in run.stderr.splitlines() if "not found" in line]
-    assert not missing, "\n".join(missing)
+        for run in sb.execute(inv) or sb.done[inv]:
+            where = f"{inv.resource} {inv.what} ({run.mode})"
+            problems += [f"{where}: {line}" for line in run.stderr.splitlines() if "not found" in line]
+            if run.rc == -1 or (run.mode != "broken-node" and run.rc != 0):
+                fails = [line for line in run.stderr.splitlines() if "FAIL" in line and "FAIL infiniband" not in line]
+                if run.rc == -1 or fails or "FAIL infiniband" not in run.stderr:
+                    problems.append(f"{where}: exit {run.rc}: {run.stderr[-300:]}")
+            assert not run.made
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_no_config_value_or_secret_is_ever_run_by_a_shell(sandbox, stack):
-    outcomes = results(sandbox, stack)
-    bad = [f"{o.field} <- {o.payload} ({o.status}): " + "; ".join(o.problems) for o in outcomes if o.problems]
-    assert not bad, f"{len(bad)} case(s) of stack {stack} failed:\n  " + "\n  ".join(bad)
-    assert not list(sandbox.marks.iterdir()), "a marker exists: some script ran a payload"
+def test_no_config_value_or_secret_is_ever_run_by_a_shell(sandboxes, results, stack):
+    cases = results(stack)
+    failed = [c for c in cases if c.problems]
+    bad = [f"{c.field} <- {c.payload}: {len(c.problems)} problem(s), first: {c.problems[0]}" for c in failed]
+    evidence = next((f"\nfirst evidence ({c.field} <- {c.payload!r}, value {c.value!r}):\n{c.evidence}"
+                     for c in failed if c.evidence), "")  # fmt: skip
+    assert not bad, f"{len(bad)} case(s) of stack {stack} failed:\n  " + "\n  ".join(bad) + evidence
+    assert not list(sandboxes(stack).marks.iterdir()), "a marker exists: something ran a payload outside the executor"
 
 
-def test_summary(sandbox, capsys):
+def test_summary(results, capsys):
     """Which fields each stack refused at preview, and which reached the scripts and ran harmlessly."""
     per_field: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     counts: dict[str, int] = defaultdict(int)
     for stack in STACKS:
-        for o in results(sandbox, stack):
-            status = "executed+shell" if o.reached_shell else o.status
-            per_field[o.field][status].add(stack)
-            counts[o.status] += 1
-            counts["runs"] += o.runs
-    lines = [f"shell injection: {sum(v for k, v in counts.items() if k != 'runs')} cases, "
-             f"{counts['executed']} executed ({counts['runs']} script runs), "
-             f"{sum(v for k, v in counts.items() if k.startswith('refused'))} refused "
-             f"(parse {counts['refused:parse']}, rules {counts['refused:rules']}, load {counts['refused:load']}); "
-             + ", ".join(f"{s} {_TIMES.get(s, 0):.1f}s" for s in STACKS)]  # fmt: skip
+        for c in results(stack):
+            status = "executed, in scripts" if c.reached_shell else c.status
+            per_field[c.field][status].add(stack)
+            counts[c.status] += 1
+    refused = sum(v for k, v in counts.items() if k.startswith("refused"))
+    lines = [
+        f"shell injection: {sum(counts.values())} cases: {counts['executed']} executed, {refused} refused (parse "
+        f"{counts['refused:parse']}, rules {counts['refused:rules']}, load {counts['refused:load']}); "
+        + "; ".join(f"{s}: {st['programs']} program runs, {st['runs']} script runs, {st['seconds']:.1f}s"
+                    for s, st in results.stats.items())  # fmt: skip
+    ]
     for name in sorted(per_field):
         parts = [f"{status}: {','.join(sorted(stacks))}" for status, stacks in sorted(per_field[name].items())]
-        lines.append(f"  {name:32} " + " | ".join(parts))
+        lines.append(f"  {name:36} " + " | ".join(parts))
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     assert counts["executed"] > 0, "every case was refused: the test proves nothing about the scripts"
+    assert not any(c.status == "pending" for s in STACKS for c in results(s))
+    walked = {label(p) for p in string_fields()} | set(SECRETS)
     engines = {stack: harness.cluster_of(stack).get("engine", "sglang") for stack in STACKS}
     for engine in set(engines.values()):
-        covered = {o.field for s in STACKS if engines[s] == engine for o in results(sandbox, s)}
-        walked = {label(p) for p in string_fields()}
-        assert {f.split("[", 1)[0] for f in walked} <= {f.split("[", 1)[0] for f in covered}, engine
+        stacks = [s for s in STACKS if engines[s] == engine]
+        covered = {re.sub(r"\[\d+\]", "[]", c.field) for s in stacks for c in results(s)}
+        assert walked <= covered, f"{engine}: fields without a case: {sorted(walked - covered)}"
