@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -61,6 +62,7 @@ def chat(base_url: str, key: str, model: str, prompt: str, timeout: float) -> st
 
 
 STATE_FORMAT = "{{.State.Status}} {{.State.ExitCode}}"
+PHASE_EVERY = 15.0  # seconds between two reads of rank 0's boot phase
 LOG_LINES = 20
 
 
@@ -80,6 +82,38 @@ def on_node(target: str, port: int, ssh_opts: list[str], remote: str, timeout: f
     except subprocess.TimeoutExpired:
         return 255, f"ssh to {target} timed out"
     return proc.returncode, proc.stdout + proc.stderr
+
+
+# Boot phases as the engines log them on rank 0, in boot order (a 12-13 minute boot is mostly the
+# first two). The last one found in the log is where the boot is.
+BOOT_PHASES: tuple[tuple[str, str], ...] = (
+    ("joining the rank group", r"(?i)init torch distributed|group formed|Ray cluster|ray start"),
+    ("loading weights", r"(?i)Load weight begin|Loading weights|Loading safetensors"),
+    ("weights loaded", r"(?i)Load weight end|Loading weights took|Model loading took"),
+    ("capturing CUDA graphs", r"(?i)Capture cuda graph begin|Capturing CUDA graph"),
+    ("CUDA graphs captured", r"(?i)Capture cuda graph end|Graph capturing finished"),
+    ("serving", r"(?i)The server is fired up and ready to roll|Application startup complete"),
+)
+
+
+def boot_phase(log_text: str) -> str | None:
+    """Where rank 0's boot is, from its log: the last phase whose line appears, or None."""
+    found, at = None, -1
+    for name, pattern in BOOT_PHASES:
+        for m in re.finditer(pattern, log_text):
+            if m.start() >= at:
+                found, at = name, m.start()
+    return found
+
+
+def rank0_phase(ranks: list[str], ssh_opts: list[str], run=on_node) -> str | None:
+    """Rank 0's boot phase, read from the tail of its log on its node (None if it cannot be read)."""
+    head = next((r for r in ranks if r.startswith("0=")), None)
+    if head is None:
+        return None
+    _, container, target, port = parse_rank(head)
+    code, out = run(target, port, ssh_opts, f"docker logs --tail 400 {shlex.quote(container)} 2>&1")
+    return boot_phase(out) if code == 0 else None
 
 
 def exited_rank(ranks: list[str], ssh_opts: list[str], key: str, run=on_node) -> str | None:
@@ -115,12 +149,15 @@ def wait_ready(
     clock=time.monotonic,
     sleep=time.sleep,
     ranks_down=lambda: None,
+    phase=lambda: None,
 ) -> bool:
     """Poll until ready or timeout; returns True when ready. Logs progress and the last error.
-    `ranks_down()` returns why a rank is down (then the wait stops at once) or None."""
+    `ranks_down()` returns why a rank is down (then the wait stops at once) or None; `phase()` where
+    rank 0's boot is (read at most every PHASE_EVERY seconds: it costs an ssh round trip)."""
     start = clock()
     last = "no attempt yet"
     stage = "health"
+    boot, boot_read = None, None
     while True:
         elapsed = clock() - start
         down = ranks_down()
@@ -148,7 +185,10 @@ def wait_ready(
         if elapsed >= timeout:
             log(f"readiness: not ready after {timeout:.0f}s; last error: {last}")
             return False
-        log(f"readiness: waiting ({elapsed:.0f}s): {last}")
+        if boot_read is None or elapsed - boot_read >= PHASE_EVERY:
+            boot, boot_read = phase() or boot, elapsed
+        where = f", rank 0 {boot}" if boot else ""
+        log(f"readiness: waiting ({elapsed:.0f}s{where}): {last}")
         sleep(interval)
 
 
@@ -172,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         a.url, key, a.model, a.prompt, a.expect, a.timeout, a.interval,
         log=lambda m: print(m, flush=True),
         ranks_down=lambda: exited_rank(a.rank, a.ssh_opt, key),
+        phase=lambda: rank0_phase(a.rank, a.ssh_opt),
     )  # fmt: skip
     return 0 if ok else 1
 

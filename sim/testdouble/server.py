@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
     if rank == 0:
         def announce():
             group.formed.wait()
+            # The real engine's boot phases (its log lines), so status and readiness have them to read.
+            for line in ("Load weight begin.", "Load weight end.", "Capture cuda graph begin.",
+                         "Capture cuda graph end.", "The server is fired up and ready to roll!"):
+                group.log(line)
             group.log(f"ready: serving API for model {args.served_model_name or args.model_path}")
         threading.Thread(target=announce, daemon=True).start()
     httpd.serve_forever()

@@ -159,3 +159,27 @@ def test_the_wait_stops_at_once_when_a_rank_is_down():
     ok = probe.wait_ready("http://127.0.0.1:9/v1", KEY, "m", "q", "42", timeout=1800, interval=10, log=logs.append,
                           clock=lambda: next(t), sleep=lambda s: None, ranks_down=lambda: "rank 1 exited")  # fmt: skip
     assert not ok and len(logs) == 1 and "the group cannot come up: rank 1 exited" in logs[0]
+
+
+def test_boot_phase_is_the_last_phase_rank0_logged():
+    assert probe.boot_phase("starting\n") is None
+    assert probe.boot_phase("init torch distributed\nLoad weight begin. avail mem=110 GB\n") == "loading weights"
+    sglang = "Load weight begin.\nLoad weight end.\nCapture cuda graph begin.\n"
+    assert probe.boot_phase(sglang) == "capturing CUDA graphs"
+    assert probe.boot_phase(sglang + "The server is fired up and ready to roll!\n") == "serving"
+    assert probe.boot_phase("Loading weights took 212.4 seconds\n") == "weights loaded"  # vLLM
+
+
+def test_the_wait_reports_rank0s_boot_phase_without_reading_it_every_poll():
+    logs, reads = [], []
+    t = iter(range(0, 1000, 5))
+
+    def phase():
+        reads.append(1)
+        return "loading weights"
+
+    ok = probe.wait_ready("http://127.0.0.1:9/v1", KEY, "m", "q", "42", timeout=40, interval=5, log=logs.append,
+                          clock=lambda: next(t), sleep=lambda s: None, phase=phase)  # fmt: skip
+    assert not ok
+    assert "rank 0 loading weights" in logs[0] and "rank 0 loading weights" in logs[-2]
+    assert len(reads) < len(logs) - 1  # every PHASE_EVERY seconds, not every poll
