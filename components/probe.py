@@ -15,11 +15,11 @@ rank, its exit code and the tail of its log (the key redacted), instead of after
 from __future__ import annotations
 
 import argparse
-import shlex
-import subprocess
 import json
 import os
 import re
+import shlex
+import subprocess
 import sys
 import time
 import urllib.error
