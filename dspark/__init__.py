@@ -1,0 +1,18 @@
+"""dspark: the operator CLI of a deepseek-spark stack.
+
+    python -m dspark plan   --stack tp4 [--json]                  # what each node runs (no Pulumi, no nodes)
+    python -m dspark status --stack tp4 [--json] [--watch 30]     # ranks, revision, health; exit 0/1/2
+    python -m dspark logs   --stack tp4 [--rank 0] [--follow] [--since 10m] [--tail 100]
+    python -m dspark doctor --stack tp4 [--json]                  # preflight now + drift, each with its fix
+    python -m dspark smoke  --stack tp4 [--json]                  # one chat completion, one streamed
+
+It reads the stack's config from `Pulumi.<stack>.yaml` (`--project-dir`, default the current
+directory) and, for the commands that need them, the stack's outputs (`--outputs-file`, or
+`pulumi stack output --json --show-secrets --stack <stack>`). It reaches the nodes the way the
+program does: the system `ssh` with the stack's ssh options (`components.commands.ssh_opts`). The
+API key is never printed: every line read from a node or the endpoint is redacted.
+
+Exit codes: status 0 healthy, 1 degraded, 2 down; doctor 1 when it found something; smoke 1 when a
+request failed or missed the expected answer; 3 whenever dspark itself cannot run (arguments,
+config, outputs).
+"""

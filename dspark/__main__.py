@@ -1,0 +1,112 @@
+"""python -m dspark <plan|status|logs|doctor|smoke> --stack <stack> [options]; see dspark/__init__.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable, Optional, Sequence, TextIO
+
+from . import __doc__ as OVERVIEW
+from . import cmd_doctor, cmd_logs, cmd_plan, cmd_smoke, cmd_status
+from .nodes import Nodes, Runner, Streamer, valid_since
+from .stack import DsparkError, load
+
+CANNOT_RUN = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # exit 3, not argparse's 2 (status uses 2 for "down")
+        self.print_usage(sys.stderr)
+        self.exit(CANNOT_RUN, f"{self.prog}: error: {message}\n")
+
+
+def _positive(value: str) -> float:
+    v = float(value)
+    if v <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return v
+
+
+def _tail(value: str) -> str:
+    if value != "all" and not value.isdigit():
+        raise argparse.ArgumentTypeError("a number of lines or 'all'")
+    return value
+
+
+def _since(value: str) -> str:
+    if not valid_since(value):
+        raise argparse.ArgumentTypeError("a duration (10m, 1h30m), a unix time or an RFC 3339 date")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m dspark", description=OVERVIEW,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--stack", required=True, help="the stack (tp3, tp4, tp2, sim, ...)")
+    common.add_argument("--project-dir", default=".", help="where Pulumi.<stack>.yaml is (default: .)")
+    common.add_argument("--outputs-file", help="stack outputs saved with `pulumi stack output --json --show-secrets` "
+                        "(default: run that command)")  # fmt: skip
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name: str, module, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help_, description=module.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+
+    sp = add("plan", cmd_plan, "what every node runs, from the config alone")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (shape: see --help above)")
+    sp = add("status", cmd_status, "ranks, revision, health; exit 0 healthy, 1 degraded, 2 down")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (shape: see --help above)")
+    sp.add_argument("--watch", type=_positive, metavar="SECONDS", help="repeat every SECONDS until interrupted")
+    sp.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N rounds")
+    sp = add("logs", cmd_logs, "docker logs of the ranks, key redacted")
+    sp.add_argument("--rank", type=int, help="one rank (default: every rank)")
+    sp.add_argument("--follow", "-f", action="store_true", help="stream one rank's log (needs --rank)")
+    sp.add_argument("--since", type=_since, metavar="DURATION", help="e.g. 10m, 2h, 2025-01-01T00:00:00Z")
+    sp.add_argument("--tail", type=_tail, default="100", metavar="N", help="lines per rank, or 'all' (default 100)")
+    sp = add("doctor", cmd_doctor, "preflight now + drift, each finding with its fix")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (shape: see --help above)")
+    sp = add("smoke", cmd_smoke, "one chat completion and one streamed one")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (shape: see --help above)")
+    sp.add_argument("--timeout", type=_positive, default=120.0, help="seconds per request (default 120)")
+    return p
+
+
+def main(
+    argv: Optional[Sequence[str]] = None,
+    *,
+    runner: Optional[Runner] = None,
+    streamer: Optional[Streamer] = None,
+    out: Optional[TextIO] = None,
+    err: Optional[TextIO] = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # usage errors (exit 3) and --help (0) as a return code
+        return exc.code if isinstance(exc.code, int) else CANNOT_RUN
+    try:
+        stack = load(args.stack, args.project_dir, args.outputs_file)
+        if args.command == "plan":
+            return cmd_plan.run(stack, args.json, out)
+        if args.command == "smoke":
+            return cmd_smoke.run(stack, args.json, out, timeout=args.timeout)
+        nodes = Nodes(stack.cfg, stack.short, runner=runner, streamer=streamer)
+        if args.command == "status":
+            return cmd_status.run(stack, nodes, args.json, out, watch=args.watch, count=args.count, sleep=sleep)
+        if args.command == "logs":
+            return cmd_logs.run(stack, nodes, out, err, rank=args.rank, follow=args.follow, since=args.since,
+                                tail=args.tail)  # fmt: skip
+        if args.command == "doctor":
+            return cmd_doctor.run(stack, nodes, args.json, out)
+    except DsparkError as exc:
+        err.write(f"dspark {args.command}: {exc}\n")
+        return CANNOT_RUN
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

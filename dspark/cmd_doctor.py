@@ -1,0 +1,269 @@
+"""`doctor`: run every node's preflight now, and look for drift between the nodes and the stack:
+ranks stopped or missing, rank containers with another group revision than the stack's output,
+engram shard files missing (SGLang), a checkpoint volume missing, a stale NFS checkpoint mount, and
+(when all ranks run the stack's revision) a rank 0 that does not answer /health. Each finding names
+the node, what is wrong and the fix.
+
+Exit code 0 when nothing was found, 1 otherwise (notes do not count).
+
+JSON shape (`--json`):
+
+    {
+      "stack": "tp3", "engine": "sglang",
+      "revision": {"expected": "0123456789abcdef", "source": "outputs" | "config", "planned": "..."},
+      "nodes": [
+        {"rank": 0, "node": "spark1", "reachable": true,
+         "preflight": {"exit_code": 0, "ok": ["docker", "gpu", ...], "failed": [{"check": "gpu-idle", "message": "..."}]},
+         "container": {"name": "tp3-rank0", "state": "running", "exit_code": 0, "revision": "..."},
+         "engram": null | {"dir": "...", "present": ["engram-l1-r0of3.bin"], "missing": ["engram-l14-r0of3.bin"]},
+         "checkpoint_volume": null | {"name": "tp3-checkpoint", "exists": true, "mountpoint": "...",
+                                      "mounted": true, "stat": "ok" | "hung" | "stale" | "failed" | "unknown"}}
+      ],
+      "health": null | {"url": "...", "status": 200 | null, "error": null | "..."},
+      "findings": [{"node": "spark2", "rank": 1, "check": "rank-stopped", "what": "...", "fix": "..."}],
+      "notes": ["..."],
+      "exit_code": 0 | 1
+    }
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, TextIO
+
+import yaml
+
+from components import commands, plan, probe
+
+from . import api
+from .nodes import (
+    SSH_FAILED, Node, Nodes, files_cmd, inspect_cmd, parse_files, parse_inspect, parse_preflight, preflight_cmd,
+    volume_probe_cmd,
+)  # fmt: skip
+from .render import table, to_json
+from .stack import Stack
+
+NOT_RUNNING = {"created", "paused", "restarting", "removing", "exited", "dead"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    rank: Optional[int]
+    check: str
+    what: str
+    fix: str
+
+
+def project_name(stack: Stack) -> str:
+    try:
+        doc = yaml.safe_load((stack.project_dir / "Pulumi.yaml").read_text()) or {}
+        name = doc.get("name") if isinstance(doc, dict) else None
+        return name if isinstance(name, str) and name else "deepseek-spark"
+    except (OSError, yaml.YAMLError):
+        return "deepseek-spark"
+
+
+def engram_shard_urn(stack: Stack, node_name: str) -> str:
+    """URN of a node's engram pack command (`<stack>-engram-<node>` under the cluster component)."""
+    s = stack.short
+    return (
+        f"urn:pulumi:{s}::{project_name(stack)}::deepseek-spark:index:DeepSeekCluster$"
+        f"deepseek-spark:index:EngramShards$command:remote:Command::{s}-engram-{node_name}"
+    )
+
+
+def _refresh_fix(name: str, what: str) -> str:
+    return (f"run `pulumi up --refresh --stack {name}`: refresh records the {what}, up restarts the whole group "
+            "(workers first, the head last)")  # fmt: skip
+
+
+def _stat_result(lines: dict[str, str]) -> str:
+    stat = lines.get("stat", "")
+    if stat == "ok":
+        return "ok"
+    words = stat.split(" ", 2)
+    rc = words[1] if len(words) > 1 else ""
+    msg = words[2] if len(words) > 2 else ""
+    if rc in ("124", "137"):
+        return "hung"
+    if "Stale file handle" in msg:
+        return "stale"
+    if "Permission denied" in msg or "password is required" in msg or msg.startswith("sudo:"):
+        return "unknown"
+    return "failed"
+
+
+def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
+    cfg, name = stack.cfg, stack.short
+    result: dict = {"rank": node.rank, "node": node.name, "reachable": True, "preflight": None, "container": None,
+                    "engram": None, "checkpoint_volume": None, "_findings": [], "_notes": []}  # fmt: skip
+    findings: list[Finding] = result["_findings"]
+    code, out = nodes.run(node, preflight_cmd(commands.preflight(cfg, name, node.rank)))
+    ok, failed = parse_preflight(out)
+    if code == SSH_FAILED and not ok and not failed:
+        result["reachable"] = False
+        why = out.strip().splitlines()[-1] if out.strip() else "ssh exit code 255"
+        findings.append(Finding(node.name, node.rank, "unreachable", f"ssh to {node.target} port {node.port} failed: {why}",
+                                "check the node is up and that ssh reaches it with the stack's options: "
+                                f"`{nodes.ssh_hint(node)}` (ssh.identityFile, ssh.knownHostsFile)"))  # fmt: skip
+        return result
+    result["preflight"] = {"exit_code": code, "ok": ok, "failed": [{"check": c, "message": m} for c, m in failed]}
+    for check, message in failed:
+        problem, _, fix = message.partition("; ")
+        findings.append(Finding(node.name, node.rank, f"preflight:{check}", problem, fix or "see the message"))
+    if code != 0 and not failed:
+        findings.append(Finding(node.name, node.rank, "preflight", f"the preflight script exited {code} without "
+                                f"naming a check: {out.strip()[-200:]}", "run it by hand: `python -m dspark plan "
+                                f"--stack {stack.name} --json` holds the script"))  # fmt: skip
+
+    c = parse_inspect(*nodes.run(node, inspect_cmd(node.container)))
+    revision = c.labels.get(plan.REVISION_LABEL) if c.exists else None
+    result["container"] = {"name": node.container, "state": c.state, "exit_code": c.exit_code, "revision": revision}
+    if c.state == "missing":
+        findings.append(Finding(node.name, node.rank, "rank-missing", f"rank {node.rank} ({node.container}) does not exist",
+                                _refresh_fix(stack.name, "removed rank")))  # fmt: skip
+    elif c.state in NOT_RUNNING:
+        findings.append(Finding(node.name, node.rank, "rank-stopped",
+                                f"rank {node.rank} ({node.container}) is {c.state} (exit code {c.exit_code}"
+                                f"{', OOM killed' if c.oom_killed else ''}{', finished ' + c.finished_at if c.finished_at else ''})",
+                                _refresh_fix(stack.name, "stopped rank")))  # fmt: skip
+    elif not c.known:
+        findings.append(Finding(node.name, node.rank, "rank-unknown", f"docker inspect {node.container} failed: {c.error}",
+                                "check docker on the node (the preflight's `docker` check)"))  # fmt: skip
+    if c.exists and revision != expected:
+        findings.append(Finding(node.name, node.rank, "revision-mismatch",
+                                f"rank {node.rank} ({node.container}) has group revision {revision or '(no label)'}, "
+                                f"the stack's is {expected}",
+                                f"run `pulumi up --refresh --stack {stack.name}`: refresh reads the label, up replaces "
+                                "the whole group with the stack's revision"))  # fmt: skip
+
+    if cfg.engine == "sglang" and cfg.engram is not None:
+        files = plan.shard_files(node.rank, cfg.serving.tp_size)
+        paths = [f"{cfg.engram.dir}/{f}" for f in files]
+        fcode, fout = nodes.run(node, files_cmd(paths))
+        present, missing = parse_files(fout)
+        base = lambda p: p.rsplit("/", 1)[-1]  # noqa: E731
+        result["engram"] = {"dir": cfg.engram.dir, "present": [base(p) for p in present],
+                            "missing": [base(p) for p in missing]}  # fmt: skip
+        if fcode != 0 and not present and not missing:
+            result["_notes"].append(f"{node.name}: could not list the engram shards (exit {fcode})")
+        for path in missing:
+            urn = engram_shard_urn(stack, node.name)
+            findings.append(Finding(node.name, node.rank, "engram-shard-missing", f"engram shard {path} is missing",
+                                    f"re-pack it: `pulumi up --stack {stack.name} --replace '{urn}'` (~10 min; a "
+                                    "plain `pulumi up` does not re-run the pack, it runs only when the checkpoint "
+                                    "revision, TP, rank or engram.dir change); a group started without it fails at "
+                                    "boot, so restart a running one afterwards (bump serving.generation)"))  # fmt: skip
+
+    volume = plan.checkpoint_volume_name(name)
+    sudo = "" if node.user == "root" else "sudo -n "
+    vcode, vout = nodes.run(node, volume_probe_cmd(volume, sudo))
+    lines = {}
+    for line in vout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("volume", "mountpoint", "mounted", "stat"):
+            lines[word] = rest if word != "stat" else line[len("stat "):]
+    nfs = plan.volume_options(cfg, node.rank).get("type") == "nfs"
+    if "volume" in lines:
+        gone = "no such volume" in lines["volume"].lower()
+        result["checkpoint_volume"] = {"name": volume, "exists": False if gone else None, "mountpoint": None,
+                                       "mounted": None, "stat": None}  # fmt: skip
+        if gone:
+            findings.append(Finding(node.name, node.rank, "checkpoint-volume-missing",
+                                    f"the checkpoint volume {volume} does not exist",
+                                    f"run `pulumi up --refresh --stack {stack.name}`: refresh finds it gone, up recreates "
+                                    "it and restarts the group (every rank mounts it)"))  # fmt: skip
+        else:
+            result["_notes"].append(f"{node.name}: docker volume inspect {volume} failed: {lines['volume'][:200]}")
+    elif "mountpoint" in lines:
+        stat = _stat_result(lines)
+        mounted = lines.get("mounted") == "yes"
+        result["checkpoint_volume"] = {"name": volume, "exists": True, "mountpoint": lines["mountpoint"],
+                                       "mounted": mounted, "stat": stat}  # fmt: skip
+        if nfs and stat in ("hung", "stale"):
+            head = cfg.nodes[0]
+            server = plan.volume_options(cfg, node.rank)["o"].split(",", 1)[0].removeprefix("addr=")
+            findings.append(Finding(node.name, node.rank, "nfs-stale",
+                                    f"the checkpoint NFS mount {lines['mountpoint']} ({volume}) "
+                                    f"{'does not answer within 5 s' if stat == 'hung' else 'has a stale file handle'}",
+                                    f"check the head's export (`sudo exportfs -v` on {head.name}) and the fabric link "
+                                    f"to {server}; the mount is made again when no container uses the volume: restart "
+                                    f"the group (bump serving.generation, `pulumi up --stack {stack.name}`)"))  # fmt: skip
+        elif nfs and stat == "unknown":
+            result["_notes"].append(f"{node.name}: cannot stat the NFS mount {lines['mountpoint']} "
+                                    f"(needs root or passwordless sudo): {lines.get('stat', '')[:200]}")  # fmt: skip
+        elif nfs and stat == "failed":
+            findings.append(Finding(node.name, node.rank, "nfs-mount", f"stat -f {lines['mountpoint']} failed: "
+                                    f"{lines.get('stat', '')[:200]}", f"check the NFS mount of {volume} on {node.name}"))  # fmt: skip
+    elif vcode != 0:
+        result["_notes"].append(f"{node.name}: could not probe the checkpoint volume (exit {vcode})")
+    return result
+
+
+def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, http_status: Optional[Callable] = None) -> int:
+    outputs, outputs_error = stack.try_outputs()
+    expected, source = stack.expected_revision()
+    planned = stack.planned_revision()
+    results = nodes.each(lambda n: check_node(stack, nodes, n, expected))
+    findings: list[Finding] = [f for r in results for f in r.pop("_findings")]
+    notes: list[str] = [n for r in results for n in r.pop("_notes")]
+    if outputs is None:
+        notes.insert(0, f"{outputs_error}; compared revisions with what Pulumi.{stack.short}.yaml plans")
+    elif source == "outputs" and planned != expected:
+        notes.insert(0, f"Pulumi.{stack.short}.yaml plans group revision {planned}, the stack runs {expected}: "
+                        f"`pulumi preview --diff --stack {stack.name}` shows the pending group replacement")  # fmt: skip
+    health = None
+    all_good = all(r["reachable"] and r["container"] and r["container"]["state"] == "running"
+                   and r["container"]["revision"] == expected for r in results)  # fmt: skip
+    if all_good:
+        url = probe.health_url(stack.endpoint())
+        status, error = (http_status or api.get_status)(url, 5.0)
+        health = {"url": url, "status": status, "error": error}
+        if status != 200:
+            findings.append(Finding(stack.cfg.nodes[0].name, 0, "health",
+                                    f"every rank runs the stack's revision but {url} answers "
+                                    f"{status if status is not None else error}",
+                                    f"a boot takes 12-13 min: `python -m dspark status --stack {stack.name} --watch 30` "
+                                    "shows the phase; if the group hangs, restart it: bump serving.generation in "
+                                    f"Pulumi.{stack.short}.yaml and run `pulumi up --stack {stack.name}`"))  # fmt: skip
+    code = 1 if findings else 0
+    doc = {
+        "stack": stack.short,
+        "engine": stack.cfg.engine,
+        "revision": {"expected": expected, "source": source, "planned": planned},
+        "nodes": results,
+        "health": health,
+        "findings": [asdict(f) for f in findings],
+        "notes": notes,
+        "exit_code": code,
+    }
+    out.write(to_json(doc) + "\n" if as_json else render_text(doc))
+    return code
+
+
+def render_text(doc: dict) -> str:
+    lines = [f"doctor: stack {doc['stack']} ({doc['engine']}), group revision {doc['revision']['expected']}", ""]
+    rows = []
+    for r in doc["nodes"]:
+        pf = r["preflight"]
+        c = r["container"] or {}
+        e = r["engram"]
+        v = r["checkpoint_volume"]
+        rows.append([
+            r["rank"], r["node"],
+            "unreachable" if not r["reachable"] else ("ok" if pf and not pf["failed"] and pf["exit_code"] == 0
+                                                      else "FAIL " + ",".join(f["check"] for f in pf["failed"])),
+            c.get("state"),
+            None if e is None else ("ok" if not e["missing"] else "missing " + ",".join(e["missing"])),
+            None if v is None else ("missing" if v["exists"] is False else v["stat"]),
+        ])  # fmt: skip
+    lines.append(table(["RANK", "NODE", "PREFLIGHT", "CONTAINER", "ENGRAM", "CHECKPOINT VOLUME"], rows))
+    if doc["findings"]:
+        lines.append(f"\n{len(doc['findings'])} finding(s):")
+        for f in doc["findings"]:
+            lines.append(f"  - {f['node']}: {f['what']}\n      fix: {f['fix']}")
+    else:
+        lines.append("\nno findings")
+    lines += [f"note: {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"

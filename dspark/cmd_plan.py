@@ -1,0 +1,197 @@
+"""`plan`: what every node runs, from the config alone (no Pulumi, no node, no secret).
+
+JSON shape (`--json`):
+
+    {
+      "stack": "tp3", "engine": "sglang", "topology": "direct", "tp_size": 3,
+      "config": {...},                       # the validated cluster config (camelCase, defaults filled)
+      "validation": {"errors": [{"rule", "field", "value", "problem", "fix"}], "warnings": [...]},
+      "endpoint": "http://10.0.0.1:8888/v1", "model": "deepseek-v4.1-flash",
+      "image": {"name": "lmsysorg/sglang:dev-dsv41",
+                "build": null | {"context", "dockerfile", "args", "platform", "digest"}},
+      "group_revision": "0123456789abcdef",  # label deepseek-spark.group-revision on every rank
+      "memory_plan": {...},                  # plan.memory_plan(cfg).to_output() (the `memory_plan` output)
+      "nodes": [
+        {"rank": 0, "role": "head", "name": "spark1", "host": "10.0.0.1", "fabric_ip": "10.0.0.1",
+         "ssh": {"user": "zurih", "port": 22, "target": "zurih@10.0.0.1"},
+         "preflight": {"checks": ["docker", "gpu", ...], "script": "..."},
+         "checkpoint_volume": {"name": "tp3-checkpoint", "driver_opts": {"type": "none", "o": "bind", "device": "..."}},
+         "engram": null | {"dir": "/home/zurih/dsv41-engram", "files": ["engram-l1-r0of3.bin", ...]},
+         "container": {"name": "tp3-rank0", "image": "...", "entrypoint": [...], "args": [...],
+                       "env": {...}, "mounts": [{"target", "source", "type", "read_only"}],
+                       "labels": {"deepseek-spark.group-revision": "...", ...}, "restart": "no",
+                       "network_mode": "host", "ipc_mode": "host", "gpus": "all", "devices": [...],
+                       "ulimits": {"memlock": [-1, -1], ...}, "generation": 0},
+         "memory": {"role": "head", "staticPoolGiB", ..., "headroomGiB"}}   # this rank's memory_plan entry
+      ]
+    }
+
+Exit code 0, or 1 when the config breaks a validation rule (as `pulumi preview` would refuse it).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict
+from typing import Any, TextIO
+
+from components import commands, plan, rules
+
+from .nodes import preflight_checks
+from .render import table, to_json
+from .stack import Stack
+
+
+def _finding(f: rules.Finding) -> dict:
+    return {"rule": f.rule, "field": f.field, "value": f.value, "problem": f.problem, "fix": f.fix}
+
+
+def build(stack: Stack) -> dict[str, Any]:
+    cfg, name = stack.cfg, stack.short
+    errors, warnings = rules.check(cfg, name)
+    doc: dict[str, Any] = {
+        "stack": name,
+        "engine": cfg.engine,
+        "topology": cfg.topology,
+        "tp_size": cfg.serving.tp_size,
+        "config": cfg.model_dump(mode="json", by_alias=True),
+        "validation": {"errors": [_finding(f) for f in errors], "warnings": [_finding(f) for f in warnings]},
+        "endpoint": plan.endpoint(cfg),
+        "model": cfg.model.served_name,
+    }
+    build_cfg = cfg.image_build
+    if errors:  # like preview: nothing is planned from a config that breaks a rule
+        doc.update(image={"name": cfg.image, "build": None}, group_revision=None, memory_plan=None, nodes=[])
+        return doc
+    digest = plan.image_build_digest(cfg)
+    doc["image"] = {
+        "name": cfg.image,
+        "build": None if build_cfg is None else {
+            "context": build_cfg.context, "dockerfile": build_cfg.dockerfile, "args": dict(build_cfg.args),
+            "platform": build_cfg.platform, "digest": digest,
+        },
+    }  # fmt: skip
+    specs = plan.group_specs(cfg, name)
+    revision = plan.group_revision(specs, digest)
+    doc["group_revision"] = revision
+    memory = plan.memory_plan(cfg).to_output()
+    doc["memory_plan"] = memory
+    by_role = {r["role"]: r for r in memory["ranks"]}
+    nodes = []
+    for spec, node in zip(specs, cfg.nodes):
+        rank = spec.rank
+        script = commands.preflight(cfg, name, rank)
+        nodes.append(
+            {
+                "rank": rank,
+                "role": spec.role,
+                "name": node.name,
+                "host": node.host,
+                "fabric_ip": node.fabric_ip,
+                "ssh": {"user": node.ssh_user, "port": node.ssh_port, "target": f"{node.ssh_user}@{node.host}"},
+                "preflight": {"checks": preflight_checks(script), "script": script},
+                "checkpoint_volume": {
+                    "name": plan.checkpoint_volume_name(name),
+                    "driver_opts": plan.volume_options(cfg, rank),
+                },
+                "engram": None if cfg.engine != "sglang" or cfg.engram is None else {
+                    "dir": cfg.engram.dir, "files": plan.shard_files(rank, cfg.serving.tp_size),
+                },
+                "container": {
+                    "name": spec.container_name,
+                    "image": spec.image,
+                    "entrypoint": list(spec.entrypoint),
+                    "args": list(spec.args),
+                    "env": dict(spec.env),
+                    "mounts": [asdict(m) for m in spec.mounts],
+                    "labels": {
+                        plan.REVISION_LABEL: revision,
+                        "deepseek-spark.stack": name,
+                        "deepseek-spark.rank": str(rank),
+                        "deepseek-spark.role": spec.role,
+                        "deepseek-spark.engine": cfg.engine,
+                    },
+                    "restart": spec.restart,
+                    "network_mode": spec.network_mode,
+                    "ipc_mode": spec.ipc_mode,
+                    "gpus": spec.gpus,
+                    "devices": list(spec.devices),
+                    "ulimits": {k: list(v) for k, v in spec.ulimits.items()},
+                    "generation": spec.generation,
+                },
+                "memory": by_role.get(spec.role) or by_role.get("head"),
+            }  # fmt: skip
+        )
+    doc["nodes"] = nodes
+    return doc
+
+
+def _text(doc: dict, stack: Stack) -> str:
+    cfg = stack.cfg
+    s = cfg.serving
+    out = []
+    ep = f", EP {s.ep_size}" if cfg.engine == "sglang" else ""
+    out.append(f"stack {doc['stack']}: {cfg.engine}, topology {cfg.topology}, TP {s.tp_size}{ep}, {len(cfg.nodes)} nodes")
+    out.append(f"endpoint {doc['endpoint']}  model {doc['model']}")
+    src = "downloaded per node" if cfg.model.source == "download" else f"shared ({cfg.share.mode})"
+    out.append(f"checkpoint {cfg.model.checkpoint_dir} @ {cfg.model.revision}, {src}")
+    v = doc["validation"]
+    if v["errors"]:
+        out.append(f"\n{len(v['errors'])} problem(s) in the stack config (preview would refuse it):")
+        out += [f"  - cluster.{e['field']} = {e['value']!r}: {e['problem']}; fix: {e['fix']}" for e in v["errors"]]
+    if v["warnings"]:
+        out.append("warnings:")
+        out += [f"  - cluster.{w['field']}: {w['problem']}; fix: {w['fix']}" for w in v["warnings"]]
+    if v["errors"]:
+        return "\n".join(out) + "\n"
+    image = doc["image"]
+    b = image["build"]
+    out.append(
+        f"image {image['name']} "
+        + (f"(built on every node from {b['context']}/{b['dockerfile']}, digest {b['digest']})" if b else "(pulled)")
+    )
+    out.append(f"group revision {doc['group_revision']} (label {plan.REVISION_LABEL} on every rank)")
+    out.append("")
+    rows = []
+    for n in doc["nodes"]:
+        opts = n["checkpoint_volume"]["driver_opts"]
+        rows.append([
+            n["rank"], n["role"], n["name"], n["host"], n["fabric_ip"], f"{n['ssh']['target']}:{n['ssh']['port']}",
+            n["container"]["name"],
+            f"{n['checkpoint_volume']['name']} ({' '.join(f'{k}={v}' for k, v in opts.items())})",
+            ", ".join(n["engram"]["files"]) if n["engram"] else None,
+        ])  # fmt: skip
+    out.append(table(["RANK", "ROLE", "NODE", "HOST", "FABRIC IP", "SSH", "CONTAINER", "CHECKPOINT VOLUME (driver opts)",
+                      "ENGRAM SHARDS"], rows))  # fmt: skip
+    if cfg.engine == "sglang" and cfg.engram is not None:
+        out.append(f"engram shards live in {cfg.engram.dir} on each node")
+    out.append("\npreflight checks:")
+    for n in doc["nodes"]:
+        out.append(f"  {n['name']} (rank {n['rank']}): {' '.join(n['preflight']['checks'])}")
+    mp = doc["memory_plan"]
+    out.append(f"\nmemory plan ({mp['profile']}, {mp['unifiedGiB']} GiB per node, static fraction "
+               f"{mp['staticFraction']}): {'fits' if mp['fits'] else 'DOES NOT FIT'}")  # fmt: skip
+    rows = []
+    for n in doc["nodes"]:
+        m = n["memory"] or {}
+        rows.append([n["rank"], n["name"], m.get("role"), m.get("staticPoolGiB"), m.get("weightsGiB"), m.get("kvGiB"),
+                     m.get("windowGiB"), m.get("staticUsedGiB"), m.get("outsideGiB"), m.get("outsideNeededGiB"),
+                     m.get("headroomGiB")])  # fmt: skip
+    out.append(table(["RANK", "NODE", "ROLE", "POOL GiB", "WEIGHTS", "KV", "WINDOW", "USED", "OUTSIDE", "OUTSIDE NEED",
+                      "HEADROOM"], rows, indent="  "))  # fmt: skip
+    for n in doc["nodes"]:
+        c = n["container"]
+        out.append(f"\nrank {n['rank']}: {c['name']} on {n['name']} ({c['image']}, restart={c['restart']}, "
+                   f"network={c['network_mode']}, ipc={c['ipc_mode']}, gpus={c['gpus']})")  # fmt: skip
+        out.append(f"  args:   {shlex.join(c['args'])}")
+        out.append("  env:    " + "\n          ".join(f"{k}={v}" for k, v in c["env"].items()))
+        out.append("  mounts: " + "\n          ".join(
+            f"{m['source']} -> {m['target']} ({m['type']}{', ro' if m['read_only'] else ''})" for m in c["mounts"]
+        ))  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def run(stack: Stack, as_json: bool, out: TextIO) -> int:
+    doc = build(stack)
+    out.write(to_json(doc) + "\n" if as_json else _text(doc, stack))
+    return 1 if doc["validation"]["errors"] else 0

@@ -1,0 +1,274 @@
+"""`status`: every rank's container, its group revision, its last error line, its node's GPU memory,
+rank 0's health and (while it is not healthy) its boot phase; one verdict.
+
+Verdict and exit code:
+  0 healthy   every rank running with the stack's group revision, and rank 0's /health is 200
+  1 degraded  rank 0 answers 200 and every rank that could be asked runs, but something is off:
+              a rank with another group revision, a node ssh cannot reach, outputs unavailable
+  2 down      rank 0's /health is not 200, or a rank is not running (stopped, missing)
+
+JSON shape (`--json`; with `--watch`, one such object per line and round):
+
+    {
+      "stack": "tp3", "engine": "sglang", "time": "2025-01-01T00:00:00Z",
+      "endpoint": "http://10.0.0.1:8888/v1",
+      "revision": {"expected": "0123456789abcdef", "source": "outputs" | "config",
+                   "planned": "0123456789abcdef"},        # what Pulumi.<stack>.yaml plans now
+      "ranks": [
+        {"rank": 0, "role": "head", "node": "spark1", "host": "10.0.0.1", "container": "tp3-rank0",
+         "state": "running" | "exited" | "created" | ... | "missing" | "unreachable" | "error",
+         "exit_code": 0, "oom_killed": false, "started_at": "2025-01-01T00:00:00Z", "finished_at": null,
+         "error": null,                                   # docker's or ssh's message, if any
+         "revision": "0123456789abcdef", "revision_ok": true | false | null,
+         "last_error": null | "RuntimeError: ...",        # last error-like line of the log, key redacted
+         "log_withheld": false,                           # true when the key is unknown (nothing to redact with)
+         "gpu_memory_used_mib": 81234 | null, "gpu_memory_source": "memory.used" | "compute-apps" | null}
+      ],
+      "health": {"url": "http://10.0.0.1:8888/health", "status": 200 | null, "error": null | "..."},
+      "boot_phase": null | {"phase": "loading weights", "line": "..." | null},   # rank 0, when not healthy
+      "verdict": "healthy" | "degraded" | "down", "exit_code": 0 | 1 | 2,
+      "problems": ["..."], "fixes": ["..."], "notes": ["..."]
+    }
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, TextIO
+
+from components import plan, probe
+
+from . import api
+from .nodes import GPU_MEMORY, Container, Node, Nodes, inspect_cmd, logs_cmd, parse_gpu, parse_inspect, redact
+from .render import cell, short, table, to_json
+from .stack import Stack
+
+LOG_SCAN_LINES = 300
+
+ERROR_LINE = re.compile(
+    r"\b(error|exception|traceback|fatal|failed|failure|out of memory|oom|killed|abort(?:ed)?|segmentation fault)\b",
+    re.I,
+)
+SERVING = probe.BOOT_PHASES[-1][0]  # the last phase: the engine says it serves
+NOT_RUNNING = {"created", "paused", "restarting", "removing", "exited", "dead", "missing"}
+
+
+def boot_phase(lines: list[str]) -> Optional[tuple[str, str]]:
+    """(phase, the log line that shows it) of rank 0's boot: the phase the readiness probe names
+    (`components.probe.BOOT_PHASES`, one source of truth), or None when no line shows one."""
+    name = probe.boot_phase("\n".join(lines))
+    if name is None:
+        return None
+    pattern = re.compile(dict(probe.BOOT_PHASES)[name])
+    line = next((line for line in reversed(lines) if pattern.search(line)), "")
+    return name, line
+
+
+def last_error_line(lines: list[str]) -> Optional[str]:
+    for line in reversed(lines):
+        if ERROR_LINE.search(line):
+            return line.strip()
+    return None
+
+
+@dataclass
+class RankStatus:
+    node: Node
+    container: Container
+    revision: Optional[str] = None
+    revision_ok: Optional[bool] = None
+    last_error: Optional[str] = None
+    log_withheld: bool = False
+    log_lines: list[str] = field(default_factory=list)
+    gpu_mib: Optional[int] = None
+    gpu_source: Optional[str] = None
+
+    def to_json(self) -> dict:
+        c = self.container
+        return {
+            "rank": self.node.rank, "role": self.node.role, "node": self.node.name, "host": self.node.host,
+            "container": self.node.container, "state": c.state, "exit_code": c.exit_code, "oom_killed": c.oom_killed,
+            "started_at": c.started_at, "finished_at": c.finished_at, "error": c.error,
+            "revision": self.revision, "revision_ok": self.revision_ok, "last_error": self.last_error,
+            "log_withheld": self.log_withheld, "gpu_memory_used_mib": self.gpu_mib,
+            "gpu_memory_source": self.gpu_source,
+        }  # fmt: skip
+
+
+def rank_status(nodes: Nodes, node: Node, expected: str, key: Optional[str]) -> RankStatus:
+    container = parse_inspect(*nodes.run(node, inspect_cmd(node.container)))
+    st = RankStatus(node, container)
+    if container.exists:
+        st.revision = container.labels.get(plan.REVISION_LABEL)
+        st.revision_ok = st.revision == expected
+        code, out = nodes.run(node, logs_cmd(node.container, tail=str(LOG_SCAN_LINES)))
+        if code == 0:
+            if key:
+                st.log_lines = redact(out, key).splitlines()
+                st.last_error = short(last_error_line(st.log_lines), 200)
+            else:  # cannot redact what we do not know: keep the lines for phase names only
+                st.log_lines = out.splitlines()
+                st.log_withheld = True
+    if container.state != "unreachable":
+        st.gpu_mib, st.gpu_source = parse_gpu(*nodes.run(node, GPU_MEMORY))
+    return st
+
+
+def collect(stack: Stack, nodes: Nodes, http_status: Optional[Callable] = None, now: Optional[Callable] = None) -> dict:
+    cfg = stack.cfg
+    outputs, outputs_error = stack.try_outputs()
+    key = stack.api_key()
+    expected, source = stack.expected_revision()
+    planned = stack.planned_revision()
+    ranks = nodes.each(lambda n: rank_status(nodes, n, expected, key))
+    endpoint = stack.endpoint()
+    url = probe.health_url(endpoint)
+    status, error = (http_status or api.get_status)(url, 5.0)
+    doc: dict = {
+        "stack": stack.short,
+        "engine": cfg.engine,
+        "time": (now or (lambda: dt.datetime.now(dt.timezone.utc)))().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "endpoint": endpoint,
+        "revision": {"expected": expected, "source": source, "planned": planned},
+        "ranks": [r.to_json() for r in ranks],
+        "health": {"url": url, "status": status, "error": error},
+        "boot_phase": None,
+    }
+    head = ranks[0]
+    if status != 200 and head.log_lines:
+        found = boot_phase(head.log_lines)
+        if found:
+            doc["boot_phase"] = {"phase": found[0], "line": None if head.log_withheld else short(found[1], 200)}
+    notes = []
+    if outputs is None:
+        notes.append(f"{outputs_error}; compared with the revision Pulumi.{stack.short}.yaml plans instead")
+    elif source == "config":
+        notes.append("the stack outputs have no group_revision (no successful `up` yet?); compared with the "
+                     f"revision Pulumi.{stack.short}.yaml plans instead")  # fmt: skip
+    if source == "outputs" and planned != expected:
+        notes.append(f"Pulumi.{stack.short}.yaml plans group revision {planned}, the stack runs {expected}: "
+                     f"`pulumi preview --diff --stack {stack.name}` shows the pending replacement of the group")  # fmt: skip
+    if not key:
+        notes.append("log lines withheld: the API key (to redact them) is not in the stack outputs")
+    doc.update(verdict_of(stack, ranks, status, error, doc["boot_phase"]))
+    doc["notes"] = notes
+    return doc
+
+
+def verdict_of(stack: Stack, ranks: list[RankStatus], status: Optional[int], error: Optional[str],
+               phase: Optional[dict]) -> dict:  # fmt: skip
+    name = stack.name
+    problems, fixes = [], []
+    stopped = [r for r in ranks if r.container.state in NOT_RUNNING]
+    unknown = [r for r in ranks if not r.container.known]
+    mismatched = [r for r in ranks if r.revision_ok is False and r.revision is not None]
+    unlabeled = [r for r in ranks if r.container.exists and r.revision is None]
+    for r in stopped:
+        c = r.container
+        if c.state == "missing":
+            problems.append(f"rank {r.node.rank} ({r.node.container} on {r.node.name}) does not exist")
+        else:
+            extra = f", exit code {c.exit_code}" if c.exit_code is not None else ""
+            extra += ", OOM killed" if c.oom_killed else ""
+            extra += f", finished {c.finished_at}" if c.finished_at else ""
+            problems.append(f"rank {r.node.rank} ({r.node.container} on {r.node.name}) is {c.state}{extra}")
+    if stopped:
+        fixes.append(f"run `pulumi up --refresh --stack {name}`: refresh records the stopped or removed rank(s), "
+                     "up restarts the whole group (workers first, the head last); a tensor-parallel group "
+                     "cannot take one rank back")  # fmt: skip
+    for r in unknown:
+        problems.append(f"rank {r.node.rank} on {r.node.name}: {r.container.state} ({r.container.error})")
+    if any(r.container.state == "unreachable" for r in unknown):
+        fixes.append("check ssh to the unreachable node(s) with the stack's ssh options "
+                     "(ssh.identityFile, ssh.knownHostsFile)")  # fmt: skip
+    for r in mismatched:
+        problems.append(f"rank {r.node.rank} ({r.node.container}) runs group revision {r.revision}, "
+                        f"the stack's is {stack.expected_revision()[0]}")  # fmt: skip
+    for r in unlabeled:
+        problems.append(f"rank {r.node.rank} ({r.node.container}) has no {plan.REVISION_LABEL} label: "
+                        "not started by this program")  # fmt: skip
+    if mismatched or unlabeled:
+        fixes.append(f"run `pulumi up --refresh --stack {name}`: refresh reads the containers' labels, up "
+                     "replaces the whole group with the stack's revision")  # fmt: skip
+    if status != 200:
+        problems.append(f"rank 0 /health: {status if status is not None else error}")
+        running = not stopped and not unknown
+        if running and phase and phase["phase"] != SERVING:
+            fixes.append(f"rank 0 is booting ({phase['phase']}); a cold boot takes 12-13 minutes: "
+                         f"`python -m dspark status --stack {name} --watch 30`")  # fmt: skip
+        elif running:
+            fixes.append(f"see `python -m dspark logs --stack {name} --rank 0`; if the group hangs, restart it: "
+                         f"bump serving.generation in Pulumi.{stack.short}.yaml and run `pulumi up --stack {name}`")  # fmt: skip
+    if status != 200 or stopped:
+        verdict, code = "down", 2
+    elif unknown or mismatched or unlabeled:
+        verdict, code = "degraded", 1
+    else:
+        verdict, code = "healthy", 0
+    return {"verdict": verdict, "exit_code": code, "problems": problems, "fixes": list(dict.fromkeys(fixes))}
+
+
+def render_text(doc: dict) -> str:
+    rev = doc["revision"]
+    lines = [
+        f"stack {doc['stack']} ({doc['engine']}, {len(doc['ranks'])} ranks) at {doc['time']}",
+        f"endpoint {doc['endpoint']}  group revision {rev['expected']} (from {'stack outputs' if rev['source'] == 'outputs' else 'the config'})",
+        "",
+    ]  # fmt: skip
+    rows = []
+    for r in doc["ranks"]:
+        if r["revision_ok"] is True:
+            revision = "ok"
+        elif r["revision_ok"] is False:
+            revision = f"OTHER {r['revision'] or '(none)'}"
+        else:
+            revision = "?"
+        exit_code = r["exit_code"] if r["state"] not in ("running", "missing", "unreachable", "error") else None
+        rows.append([
+            r["rank"], r["node"], r["container"], r["state"], exit_code, r["started_at"], r["finished_at"], revision,
+            r["gpu_memory_used_mib"] if r["gpu_memory_used_mib"] is not None else "?",
+            "(withheld)" if r["log_withheld"] else short(r["last_error"], 80),
+        ])  # fmt: skip
+    lines.append(table(["RANK", "NODE", "CONTAINER", "STATE", "EXIT", "STARTED", "FINISHED", "REVISION", "GPU MiB",
+                        "LAST ERROR LINE"], rows))  # fmt: skip
+    h = doc["health"]
+    lines.append(f"\nhealth {h['url']} -> {h['status'] if h['status'] is not None else 'no answer: ' + cell(h['error'])}")
+    if doc["boot_phase"]:
+        bp = doc["boot_phase"]
+        lines.append(f"boot phase (rank 0): {bp['phase']}" + (f'  "{bp["line"]}"' if bp["line"] else ""))
+    lines.append(f"verdict: {doc['verdict'].upper()} (exit {doc['exit_code']})")
+    lines += [f"  - {p}" for p in doc["problems"]]
+    lines += [f"fix: {f}" for f in doc["fixes"]]
+    lines += [f"note: {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, watch: Optional[float] = None,
+        count: Optional[int] = None, sleep: Optional[Callable[[float], None]] = None,
+        http_status: Optional[Callable] = None) -> int:  # fmt: skip
+    sleep = sleep or time.sleep
+    key = stack.api_key()
+    rounds = 0
+    code = 2
+    try:
+        while True:
+            doc = collect(stack, nodes, http_status)
+            code = doc["exit_code"]
+            if as_json:
+                text = json.dumps(doc, default=str) if watch else to_json(doc)
+            else:
+                text = render_text(doc)
+            if watch and not as_json and rounds:
+                out.write("\n")
+            out.write(redact(text, key) + ("\n" if as_json else ""))
+            out.flush()
+            rounds += 1
+            if not watch or (count is not None and rounds >= count):
+                return code
+            sleep(watch)
+    except KeyboardInterrupt:
+        return code

@@ -1,0 +1,129 @@
+"""A stack as dspark sees it: the validated config from `Pulumi.<stack>.yaml`, and the stack's
+outputs, read only when a command needs them (components.clients.read_outputs: `--outputs-file`,
+or `pulumi stack output --json --show-secrets --stack <stack>` run in the project directory)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from components import clients, config, plan
+from components.config import ClusterConfig
+
+CONFIG_KEY = f"{config.PROJECT}:{config.CLUSTER_KEY}"
+
+
+class DsparkError(Exception):
+    """dspark cannot run (arguments, config, outputs); the message says what to do."""
+
+
+def short_name(stack: str) -> str:
+    """`org/project/stack` -> `stack`: what the program names containers and the stack file after."""
+    return stack.rsplit("/", 1)[-1]
+
+
+def read_cluster(project_dir: Path, stack: str) -> ClusterConfig:
+    path = project_dir / f"Pulumi.{short_name(stack)}.yaml"
+    if not path.is_file():
+        raise DsparkError(f"{path} not found: run dspark in the project directory or pass --project-dir")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise DsparkError(f"{path} is not valid YAML: {exc}") from None
+    cfg = doc.get("config") if isinstance(doc, dict) else None
+    cfg = cfg if isinstance(cfg, dict) else {}
+    raw = cfg.get(CONFIG_KEY, cfg.get(config.CLUSTER_KEY))
+    try:
+        return config.parse_cluster(raw)
+    except config.ConfigError as exc:
+        raise DsparkError(f"{path}: {exc}") from None
+
+
+@dataclass
+class Stack:
+    name: str  # as given to --stack (may be org/project/stack)
+    project_dir: Path
+    cfg: ClusterConfig
+    outputs_file: Optional[str] = None
+    read_outputs: Callable[[Optional[str], Optional[str]], dict] = clients.read_outputs
+    _outputs: Optional[dict] = field(default=None, repr=False)
+    _outputs_error: Optional[str] = field(default=None, repr=False)
+
+    @property
+    def short(self) -> str:
+        return short_name(self.name)
+
+    # ------------------------------------------------------------------ outputs
+
+    def outputs(self) -> dict:
+        """The stack outputs; raises DsparkError saying how to get them."""
+        data, error = self.try_outputs()
+        if data is None:
+            raise DsparkError(error or "no stack outputs")
+        return data
+
+    def try_outputs(self) -> tuple[Optional[dict], Optional[str]]:
+        if self._outputs is None and self._outputs_error is None:
+            try:
+                if self.outputs_file:
+                    self._outputs = self.read_outputs(self.name, self.outputs_file)
+                else:
+                    with contextlib.chdir(self.project_dir):
+                        self._outputs = self.read_outputs(self.name, None)
+            except clients.ClientConfigError as exc:
+                self._outputs_error = f"stack outputs unavailable: {exc}"
+            except OSError as exc:
+                self._outputs_error = f"stack outputs unavailable: {exc}"
+        return self._outputs, self._outputs_error
+
+    def api_key(self) -> Optional[str]:
+        """The API key from the outputs (`api_key` or `client_config.api_key`), None if not there."""
+        data, _ = self.try_outputs()
+        if not data:
+            return None
+        for value in (data.get("api_key"), (data.get("client_config") or {}).get("api_key")
+                      if isinstance(data.get("client_config"), dict) else None):  # fmt: skip
+            if isinstance(value, str) and value.strip() and value != clients.SECRET_PLACEHOLDER:
+                return value
+        return None
+
+    def require_key(self, why: str) -> str:
+        key = self.api_key()
+        if key:
+            return key
+        _, error = self.try_outputs()
+        raise DsparkError(
+            f"the API key is needed {why}, and {error or 'the stack outputs hold none (shown as [secret]?)'}; "
+            f"save them with `pulumi stack output --json --show-secrets --stack {self.name} > outputs.json` "
+            "and pass --outputs-file outputs.json"
+        )
+
+    def output(self, name: str) -> Any:
+        data, _ = self.try_outputs()
+        return (data or {}).get(name)
+
+    # ------------------------------------------------------------------ derived
+
+    def planned_revision(self) -> str:
+        """The group revision the config plans (what the next `up` would label every rank with)."""
+        return plan.group_revision(plan.group_specs(self.cfg, self.short), plan.image_build_digest(self.cfg))
+
+    def expected_revision(self) -> tuple[str, str]:
+        """(revision the ranks should carry, where it came from: "outputs" or "config")."""
+        value = self.output("group_revision")
+        if isinstance(value, str) and value:
+            return value, "outputs"
+        return self.planned_revision(), "config"
+
+    def endpoint(self) -> str:
+        value = self.output("endpoint")
+        return value if isinstance(value, str) and value else plan.endpoint(self.cfg)
+
+
+def load(name: str, project_dir: str | Path = ".", outputs_file: Optional[str] = None) -> Stack:
+    directory = Path(project_dir).resolve()
+    return Stack(name=name, project_dir=directory, cfg=read_cluster(directory, name), outputs_file=outputs_file)

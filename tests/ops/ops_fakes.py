@@ -1,0 +1,232 @@
+"""Test doubles for dspark: nodes that answer the commands dspark sends over ssh (parsed with
+shlex, as a shell would, so a badly quoted command fails here), and a local OpenAI-compatible
+endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Optional
+
+from dspark import nodes as dnodes
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "sk-ops-test-5f1e0c9a7b3d42e8a6c1f0b9d8e7a6c5"
+
+
+def state(status: str = "running", exit_code: int = 0, started: str = "2025-06-01T10:00:00.123456789Z",
+          finished: str = "0001-01-01T00:00:00Z", oom: bool = False) -> dict:  # fmt: skip
+    return {"Status": status, "Running": status == "running", "Paused": False, "Restarting": False,
+            "OOMKilled": oom, "Dead": status == "dead", "Pid": 4242 if status == "running" else 0,
+            "ExitCode": exit_code, "Error": "", "StartedAt": started, "FinishedAt": finished}  # fmt: skip
+
+
+@dataclass
+class FakeContainer:
+    state: dict
+    labels: dict
+    log: str = ""
+
+
+@dataclass
+class FakeNode:
+    containers: dict[str, FakeContainer] = field(default_factory=dict)
+    files: set[str] = field(default_factory=set)
+    volumes: dict[str, dict] = field(default_factory=dict)  # name -> {"mountpoint", "mounted", "stat"}
+    gpu: str = "0\n"  # output of the memory.used query
+    gpu_apps: str = ""  # output of the compute-apps query
+    preflight_ok: list[str] = field(default_factory=lambda: ["docker", "gpu", "gpu-idle", "infiniband"])
+    preflight_fail: list[tuple[str, str]] = field(default_factory=list)
+    unreachable: bool = False
+
+
+class FakeCluster:
+    """A Runner: `(target, port, ssh_opts, remote) -> (code, output)` played from FakeNode data."""
+
+    def __init__(self, nodes: dict[str, FakeNode]):
+        self.nodes = nodes  # by host
+        self.calls: list[tuple[str, int, list[str], str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, target: str, port: int, ssh_opts: list[str], remote: str) -> tuple[int, str]:
+        with self.lock:
+            self.calls.append((target, port, list(ssh_opts), remote))
+        user, _, host = target.partition("@")
+        node = self.nodes[host]
+        if node.unreachable:
+            return 255, f"ssh: connect to host {host} port {port}: No route to host\n"
+        if remote == dnodes.GPU_MEMORY:
+            return 0, node.gpu + "---\n" + node.gpu_apps
+        argv = shlex.split(remote)
+        if argv[:2] == ["docker", "inspect"]:
+            assert argv[2:4] == ["--format", dnodes.INSPECT_FORMAT] and len(argv) == 5, argv
+            c = node.containers.get(argv[4])
+            if c is None:
+                return 1, f"Error: No such object: {argv[4]}\n"
+            return 0, json.dumps(c.state) + " " + json.dumps(c.labels) + "\n"
+        if argv[:2] == ["docker", "logs"]:
+            assert argv[-1] == "2>&1", argv
+            args = argv[2:-1]
+            name = args[-1]
+            c = node.containers.get(name)
+            if c is None:
+                return 1, f"Error response from daemon: No such container: {name}\n"
+            lines = c.log.splitlines()
+            if "--tail" in args:
+                n = args[args.index("--tail") + 1]
+                if n != "all":
+                    lines = lines[-int(n):] if int(n) else []
+            return 0, "".join(line + "\n" for line in lines)
+        if argv[:2] == ["sh", "-c"] and len(argv) == 3:
+            return self._script(node, argv[2])
+        raise AssertionError(f"unexpected remote command: {remote!r}")
+
+    def _script(self, node: FakeNode, script: str) -> tuple[int, str]:
+        if "preflight $node" in script:
+            name = shlex.split(re.search(r"^node=(.*?); failed=0$", script, re.M).group(1))[0]
+            out = "".join(f"preflight {name}: ok {c}\n" for c in node.preflight_ok)
+            out += "".join(f"preflight {name}: FAIL {c}: {m}\n" for c, m in node.preflight_fail)
+            if node.preflight_fail:
+                out += f"preflight {name}: failed, nothing was changed on the node\n"
+            return (1 if node.preflight_fail else 0), out
+        m = re.match(r"^for f in (.*?); do ", script)
+        if m:
+            out = ""
+            for path in shlex.split(m.group(1)):
+                out += f"{'present' if path in node.files else 'missing'} {path}\n"
+            return 0, out
+        m = re.search(r"docker volume inspect --format '\{\{\.Mountpoint\}\}' (.*?) 2>&1\)", script)
+        if m:
+            (name,) = shlex.split(m.group(1))
+            v = node.volumes.get(name)
+            if v is None:
+                return 0, f"volume missing Error response from daemon: get {name}: no such volume\n"
+            out = f"mountpoint {v['mountpoint']}\nmounted {'yes' if v.get('mounted') else 'no'}\n"
+            return 0, out + (f"stat {v.get('stat', 'ok')}\n")
+        raise AssertionError(f"unexpected script: {script[:200]!r}")
+
+    def hosts_called(self) -> set[str]:
+        return {t.partition("@")[2] for t, *_ in self.calls}
+
+
+def cluster_for(cfg, stack: str, revision: str, log: str = "", gpu: str = "40960\n") -> FakeCluster:
+    """Every rank running with `revision`, every shard present, every volume healthy."""
+    from components import plan
+
+    fake = {}
+    for rank, n in enumerate(cfg.nodes):
+        name = plan.container_name(stack, rank)
+        labels = {plan.REVISION_LABEL: revision, "deepseek-spark.stack": stack, "deepseek-spark.rank": str(rank),
+                  "deepseek-spark.role": "head" if rank == 0 else "worker", "deepseek-spark.engine": cfg.engine}  # fmt: skip
+        files = set()
+        if cfg.engram is not None:
+            files = {f"{cfg.engram.dir}/{f}" for f in plan.shard_files(rank, cfg.serving.tp_size)}
+        fake[n.host] = FakeNode(
+            containers={name: FakeContainer(state(), labels, log)},
+            files=files,
+            volumes={plan.checkpoint_volume_name(stack): {
+                "mountpoint": f"/var/lib/docker/volumes/{stack}-checkpoint/_data", "mounted": True, "stat": "ok"}},
+            gpu=gpu,
+        )  # fmt: skip
+    return FakeCluster(fake)
+
+
+# ---------------------------------------------------------------------------------- endpoint
+
+
+class FakeEndpoint:
+    """/health and /v1/chat/completions (plain and SSE) on 127.0.0.1; records the auth headers."""
+
+    def __init__(self, key: str = KEY, answer: str = "42", health: int = 200, first_token_delay: float = 0.0,
+                 token_delay: float = 0.0, usage: bool = True, model: str = "deepseek-v4.1-flash"):  # fmt: skip
+        self.key, self.answer, self.health = key, answer, health
+        self.first_token_delay, self.token_delay, self.usage, self.model = first_token_delay, token_delay, usage, model
+        self.auth: list[Optional[str]] = []
+        self.requests: list[dict] = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _json(self, code: int, obj: dict) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/health":
+                    return self._json(endpoint.health, {"status": endpoint.health})
+                return self._json(404, {"error": "no route"})
+
+            def do_POST(self):
+                endpoint.auth.append(self.headers.get("Authorization"))
+                if self.headers.get("Authorization") != f"Bearer {endpoint.key}":
+                    return self._json(401, {"error": "Unauthorized"})
+                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                endpoint.requests.append(req)
+                words = endpoint.answer.split(" ")
+                usage = {"prompt_tokens": 7, "completion_tokens": len(words) + 1, "total_tokens": 8 + len(words)}
+                if not req.get("stream"):
+                    time.sleep(endpoint.first_token_delay)
+                    return self._json(200, {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                          "content": endpoint.answer}, "finish_reason": "stop"}],
+                                            **({"usage": usage} if endpoint.usage else {})})  # fmt: skip
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+
+                def chunk(obj):
+                    self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+                    self.wfile.flush()
+
+                chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})  # no text yet
+                time.sleep(endpoint.first_token_delay)
+                for i, w in enumerate(words):
+                    if i:
+                        time.sleep(endpoint.token_delay)
+                    chunk({"choices": [{"index": 0, "delta": {"content": w if i == 0 else " " + w}}]})
+                chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                if endpoint.usage and (req.get("stream_options") or {}).get("include_usage"):
+                    chunk({"choices": [], "usage": usage})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> "FakeEndpoint":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def outputs(path: Path, endpoint: str, revision: Optional[str], key: str = KEY, model: str = "deepseek-v4.1-flash",
+            client_config: bool = True) -> str:  # fmt: skip
+    """Write a stack outputs file as `pulumi stack output --json --show-secrets` prints it."""
+    data = {"endpoint": endpoint, "model": model, "api_key": key, "memory_plan": {}, "nodes": []}
+    if revision is not None:
+        data["group_revision"] = revision
+    if client_config:
+        data["client_config"] = {"base_url": endpoint, "api_key": key, "model": model}
+    path.write_text(json.dumps(data))
+    return str(path)
