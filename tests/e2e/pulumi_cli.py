@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PASSPHRASE = "e2e-only-passphrase"  # protects a throwaway test stack's secrets, nothing else
 # The pack as a binary analyzer: without pulumi-language-python the CLI cannot start `policy` itself.
 POLICY_PACK = "policy/analyzer"
-LINKED = ("__main__.py", "components", "policy", "sim")  # the project's code, shared with the repo
+LINKED = ("__main__.py", "components", "dspark", "policy", "sim")  # the project's code, shared with the repo
 
 
 def engine_dir() -> Path | None:

@@ -1,0 +1,82 @@
+"""The operator CLI (`python -m dspark`) against the `sim` stack brought up by the real Pulumi engine.
+
+up -> status healthy, plan matches what runs, smoke answers, doctor finds nothing -> a rank stopped:
+status says down and how to repair, doctor and logs name it -> the repair it suggests
+(`pulumi refresh` + `up`) makes status healthy again.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from e2e.conftest import containers_of, node_sh
+from e2e.timings import TIMINGS
+
+pytestmark = pytest.mark.e2e
+STACK = "sim"
+
+
+def dspark(project, *args: str) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "dspark", *args, "--stack", STACK, "--project-dir",
+                           str(project.work_dir)], cwd=project.work_dir, env=project.env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert project.api_key not in proc.stdout + proc.stderr
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def up(project):
+    project.up().check()
+    return project.outputs()
+
+
+def test_status_of_a_healthy_group(up, project):
+    t0 = time.monotonic()
+    code, out = dspark(project, "status", "--json")
+    TIMINGS["dspark status (3 nodes)"] = time.monotonic() - t0
+    doc = json.loads(out)
+    assert code == 0 and doc["verdict"] == "healthy", out
+    assert [r["state"] for r in doc["ranks"]] == ["running"] * 3
+    assert all(r["revision_ok"] for r in doc["ranks"]) and doc["revision"]["expected"] == up["group_revision"]
+    assert doc["health"]["status"] == 200
+
+
+def test_plan_is_what_runs(up, project):
+    code, out = dspark(project, "plan", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["group_revision"] == up["group_revision"]
+    for node in doc["nodes"]:
+        name = node["container"]["name"]
+        cmd = node_sh(node["name"], f"docker inspect --format '{{{{json .Config.Cmd}}}}' {name}")
+        assert json.loads(cmd) == node["container"]["args"], name
+
+
+def test_smoke_and_doctor_on_a_healthy_group(up, project):
+    code, out = dspark(project, "smoke", "--json")
+    doc = json.loads(out)
+    assert code == 0 and "42" in doc["chat"]["answer"] and "42" in doc["stream"]["answer"]
+    assert 0 < doc["stream"]["ttft_s"] <= doc["stream"]["total_s"]
+    code, out = dspark(project, "doctor", "--json")
+    assert code == 0 and json.loads(out)["findings"] == [], out
+
+
+def test_a_stopped_rank_is_found_and_the_suggested_repair_works(up, project):
+    node_sh("spark2", "docker stop sim-rank1 >/dev/null")
+    code, out = dspark(project, "status")
+    assert code == 2 and "DOWN" in out and "rank 1" in out, out
+    assert f"pulumi up --refresh --stack {STACK}" in out
+    code, out = dspark(project, "doctor", "--json")
+    findings = json.loads(out)["findings"]
+    assert code != 0 and any(f["rank"] == 1 and "refresh" in f["fix"] for f in findings), findings
+    code, out = dspark(project, "logs", "--rank", "1", "--tail", "20")
+    assert code == 0 and "[rank1 spark2]" in out
+    before = containers_of(STACK)
+    project.refresh().check()
+    project.up().check()
+    assert not set(containers_of(STACK).values()) & set(before.values())
+    code, out = dspark(project, "status", "--json")
+    assert code == 0 and json.loads(out)["verdict"] == "healthy", out
+    project.destroy().check()
