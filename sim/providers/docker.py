@@ -331,13 +331,7 @@ def container_create_kwargs(i: dict) -> dict[str, Any]:
         kw["extra_hosts"] = {h["host"]: h["ip"] for h in d["hosts"]}
     if d.get("shmSize"):
         kw["shm_size"] = int(d["shmSize"]) * 1024 * 1024  # MB in the schema
-    if d.get("memory"):
-        kw["mem_limit"] = int(d["memory"]) * 1024 * 1024
-    if d.get("memoryReservation"):
-        kw["mem_reservation"] = int(d["memoryReservation"]) * 1024 * 1024
-    if d.get("memorySwap"):
-        swap = int(d["memorySwap"])
-        kw["memswap_limit"] = swap * 1024 * 1024 if swap > 0 else swap
+    kw.update(_memory_kwargs(d))
     if d.get("cpus"):
         kw["nano_cpus"] = int(round(float(d["cpus"]) * 1e9))
     if d.get("logDriver") or d.get("logOpts"):
@@ -352,6 +346,19 @@ def container_create_kwargs(i: dict) -> dict[str, Any]:
     return kw
 
 
+def _memory_kwargs(d: dict) -> dict[str, Any]:
+    """Memory limits (MB in the schema) as docker-py takes them, for create and update alike."""
+    kw: dict[str, Any] = {}
+    if d.get("memory"):
+        kw["mem_limit"] = int(d["memory"]) * 1024 * 1024
+    if d.get("memoryReservation"):
+        kw["mem_reservation"] = int(d["memoryReservation"]) * 1024 * 1024
+    if d.get("memorySwap"):
+        swap = int(d["memorySwap"])
+        kw["memswap_limit"] = swap * 1024 * 1024 if swap > 0 else swap
+    return kw
+
+
 def container_update_kwargs(i: dict) -> dict[str, Any]:
     """`container.update` arguments: the restart policy and resources, as resourceDockerContainerUpdate sends them."""
     d = {**CONTAINER_DEFAULTS, **i}
@@ -360,13 +367,7 @@ def container_update_kwargs(i: dict) -> dict[str, Any]:
         kw["cpu_shares"] = int(d["cpuShares"])
     if d.get("cpuSet"):
         kw["cpuset_cpus"] = d["cpuSet"]
-    if d.get("memory"):
-        kw["mem_limit"] = int(d["memory"]) * 1024 * 1024
-    if d.get("memoryReservation"):
-        kw["mem_reservation"] = int(d["memoryReservation"]) * 1024 * 1024
-    if d.get("memorySwap"):
-        swap = int(d["memorySwap"])
-        kw["memswap_limit"] = swap * 1024 * 1024 if swap > 0 else swap
+    kw.update(_memory_kwargs(d))
     return kw
 
 
