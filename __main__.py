@@ -5,7 +5,7 @@ Load and validate the stack config, build the cluster, export the outputs. Nothi
 
 import pulumi
 
-from components import config, plan, rules
+from components import config, rules, stackplan
 from components.cluster import DeepSeekCluster, DeepSeekClusterArgs
 
 try:
@@ -20,9 +20,12 @@ if errors:
     raise pulumi.RunError(
         f"{len(errors)} problem(s) in the stack config, nothing was changed:\n  " + "\n  ".join(map(str, errors))
     )
-pulumi.log.info(plan.memory_plan(settings.cluster).summary())
+plan = stackplan.build(settings.cluster, settings.stack, settings.host_keys)  # everything to create, once
+pulumi.log.info(plan.memory.summary())
 
-cluster = DeepSeekCluster(settings.stack, DeepSeekClusterArgs(settings))
+cluster = DeepSeekCluster(
+    settings.stack, DeepSeekClusterArgs(plan, settings.api_key, settings.ssh_private_key, settings.hf_token)
+)
 
 pulumi.export("endpoint", cluster.endpoint)
 pulumi.export("model", cluster.model)

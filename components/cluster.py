@@ -4,12 +4,11 @@ readiness gate, and owns the stack outputs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 
-from . import clients, commands, plan
-from .config import Settings
+from . import clients
 from .engram import EngramShards, EngramShardsArgs
 from .image import ServingImage, ServingImageArgs
 from .node import SparkNode, SparkNodeArgs
@@ -17,6 +16,7 @@ from .readiness import Readiness, ReadinessArgs
 from .group import GroupArgs
 from .sglang import SglangGroup
 from .share import CheckpointShare, CheckpointShareArgs
+from .stackplan import StackPlan
 from .vllm import VllmRayGroup
 
 
@@ -33,72 +33,63 @@ def client_config(endpoint: str, model: str, api_key: str) -> dict:
 
 @dataclass(frozen=True)
 class DeepSeekClusterArgs:
-    settings: Settings
+    plan: StackPlan  # everything to create, computed once (stackplan.build)
+    api_key: Any  # secret Output[str]
+    ssh_private_key: Any = None  # secret Output[str]; ssh-agent when None
+    hf_token: Any = None  # secret Output[str], for model.source: download
 
 
 class DeepSeekCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: DeepSeekClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:DeepSeekCluster", name, None, opts)
-        s = args.settings
-        cfg, stack = s.cluster, s.stack
+        sp, stack = args.plan, args.plan.stack
         child = pulumi.ResourceOptions(parent=self)
-        revision = plan.group_revision(plan.group_specs(cfg, stack), plan.image_build_digest(cfg))
 
         self.nodes = [
-            SparkNode(
-                f"{name}-{node.name}",
-                SparkNodeArgs(node=node, ssh_opts=commands.ssh_opts(cfg), preflight=commands.preflight(cfg, stack, rank),
-                              recheck_on=revision, host_key=s.host_keys[rank], private_key=s.ssh_private_key),
-                child,
-            )  # fmt: skip
-            for rank, node in enumerate(cfg.nodes)
+            SparkNode(f"{name}-{node.name}", SparkNodeArgs(node, sp.revision, args.ssh_private_key), child)
+            for node in sp.nodes
         ]
-        self.image = ServingImage(
-            f"{name}-image", ServingImageArgs(cfg.image, self.nodes, cfg.image_timeout_minutes, cfg.image_build), child
-        )
+        self.image = ServingImage(f"{name}-image", ServingImageArgs(sp.image, self.nodes), child)
         self.share = CheckpointShare(
-            f"{name}-checkpoint", CheckpointShareArgs(cfg, stack, self.nodes, self.image.images, s.hf_token), child
+            f"{name}-checkpoint", CheckpointShareArgs(stack, sp.export, self.nodes, self.image.images, args.hf_token),
+            child,
         )
         prerequisites = [*(n.preflight for n in self.nodes), *self.image.images, *self.share.volumes]
-        self.group: SglangGroup | VllmRayGroup
-        if cfg.engine == "sglang":
+        if sp.engine == "sglang":
             self.engram = EngramShards(
-                f"{name}-engram",
-                EngramShardsArgs(cfg, stack, self.nodes, self.image.images, self.share.volumes),
-                child,
+                f"{name}-engram", EngramShardsArgs(self.nodes, self.image.images, self.share.volumes), child
             )
             prerequisites += self.engram.shards
-            self.group = SglangGroup(
-                f"{name}-sglang", GroupArgs(cfg, stack, s.api_key, self.nodes, self.share.volumes, prerequisites), child
-            )
-        else:
-            self.group = VllmRayGroup(
-                f"{name}-vllm", GroupArgs(cfg, stack, s.api_key, self.nodes, self.share.volumes, prerequisites), child
-            )
+        group_args = GroupArgs(sp.group, stack, args.api_key, self.nodes, self.share.volumes, prerequisites)
+        self.group: SglangGroup | VllmRayGroup = (
+            SglangGroup(f"{name}-sglang", group_args, child)
+            if sp.engine == "sglang"
+            else VllmRayGroup(f"{name}-vllm", group_args, child)
+        )
         self.readiness = Readiness(
-            f"{name}-readiness", ReadinessArgs(cfg, stack, s.api_key, self.group.ranks), child
+            f"{name}-readiness", ReadinessArgs(sp.readiness, args.api_key, self.group.ranks), child
         )
 
-        self.endpoint = plan.endpoint(cfg)
-        self.model = cfg.model.served_name
-        self.api_key = s.api_key
-        self.memory_plan = plan.memory_plan(cfg).to_output()
-        self.group_revision = self.group.revision
+        self.endpoint = sp.endpoint
+        self.model = sp.model
+        self.api_key = args.api_key
+        self.memory_plan = sp.memory.to_output()
+        self.group_revision = sp.revision
         self.node_outputs = [
             {
                 "name": n.name,
                 "host": n.host,
                 "fabricIp": n.fabric_ip,
                 "sshUser": n.ssh_user,
-                "rank": rank,
-                "role": "head" if rank == 0 else "worker",
-                "container": plan.container_name(stack, rank),
+                "rank": n.rank,
+                "role": n.role,
+                "container": spec.container_name,
             }
-            for rank, n in enumerate(cfg.nodes)
+            for n, spec in zip(sp.nodes, sp.group.specs)  # fmt: skip
         ]
         # Resolves once readiness passed, so `client_config` is only ever handed out for a working endpoint.
         self.client_config = pulumi.Output.secret(
-            pulumi.Output.all(self.readiness.ready, s.api_key).apply(
+            pulumi.Output.all(self.readiness.ready, args.api_key).apply(
                 lambda v: client_config(self.endpoint, self.model, v[1])
             )
         )

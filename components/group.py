@@ -10,9 +10,9 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import local, remote
 
-from . import commands, plan
-from .config import ClusterConfig
+from . import plan
 from .node import SparkNode
+from .stackplan import GroupPlan
 
 GENERATION_LABEL = "deepseek-spark.generation"
 
@@ -21,7 +21,7 @@ GENERATION_LABEL = "deepseek-spark.generation"
 class GroupArgs:
     """Inputs of a serving group component (SglangGroup, VllmRayGroup)."""
 
-    cfg: ClusterConfig
+    group: GroupPlan  # the group's part of the plan: engine, revision, rank specs, key file
     stack: str
     api_key: Any  # secret Output[str]
     nodes: list[SparkNode]
@@ -125,7 +125,7 @@ def rank_container(
 
 
 def group_generation(
-    name: str, revision: str, stack: str, key_file: remote.Command, prerequisites: list[pulumi.Resource], parent
+    name: str, group: GroupPlan, key_file: remote.Command, prerequisites: list[pulumi.Resource], parent
 ) -> local.Command:
     """The group's generation: one resource upstream of every rank, replaced whenever the group must
     restart (a new revision, or a new API key file). Being delete-before-replace, its replacement
@@ -135,8 +135,8 @@ def group_generation(
     head still runs. Nothing runs on a node: it only records which revision it stands for."""
     return local.Command(
         name,
-        create=commands.generation_record(stack, revision),
-        triggers=[revision, key_file.id],
+        create=group.generation_record,
+        triggers=[group.revision, key_file.id],
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent,
@@ -148,17 +148,17 @@ def group_generation(
     )
 
 
-def api_key_file(name: str, cfg: ClusterConfig, stack: str, api_key: Any, head: SparkNode, parent) -> remote.Command:
+def api_key_file(name: str, group: GroupPlan, api_key: Any, head: SparkNode, parent) -> remote.Command:
     """The API key written from stdin to a 0600 file on the head, mounted read-only into the server."""
     return remote.Command(
         name,
         connection=head.connection,
-        create=commands.api_key_create(cfg, stack),
-        delete=commands.api_key_delete(cfg, stack),
+        create=group.key_file_create,
+        delete=group.key_file_delete,
         stdin=api_key,
         # A rotated key replaces the file (and, through the group generation, every rank); a new path
         # replaces it too, so the old file is deleted instead of left behind.
-        triggers=[api_key, plan.api_key_path(cfg, stack)],
+        triggers=[api_key, group.key_file_path],
         logging=remote.Logging.NONE,
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(

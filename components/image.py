@@ -10,16 +10,14 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .config import ImageBuildConfig
 from .node import SparkNode
+from .stackplan import ImagePlan
 
 
 @dataclass(frozen=True)
 class ServingImageArgs:
-    image: str
+    image: ImagePlan
     nodes: list[SparkNode]
-    timeout_minutes: int
-    build: Optional[ImageBuildConfig] = None
 
 
 class ServingImage(pulumi.ComponentResource):
@@ -27,6 +25,7 @@ class ServingImage(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ServingImageArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:ServingImage", name, None, opts)
+        image_plan, build = args.image, args.image.build
         self.images: list[pulumi.CustomResource] = []
         for node in args.nodes:
             node_opts = pulumi.ResourceOptions(
@@ -34,13 +33,13 @@ class ServingImage(pulumi.ComponentResource):
                 provider=node.docker,
                 # Pulling or building tens of GB on the node outlasts the 20 min default.
                 custom_timeouts=pulumi.CustomTimeouts(
-                    create=f"{args.timeout_minutes}m", update=f"{args.timeout_minutes}m"
+                    create=f"{image_plan.timeout_minutes}m", update=f"{image_plan.timeout_minutes}m"
                 ),
             )
-            if args.build is None:
+            if build is None:
                 image = docker.RemoteImage(
                     f"{name}-{node.node.name}",
-                    name=args.image,
+                    name=image_plan.name,
                     # A multi-GB image shared with other stacks: destroy must not delete it.
                     keep_locally=True,
                     opts=node_opts,
@@ -48,12 +47,12 @@ class ServingImage(pulumi.ComponentResource):
             else:
                 image = docker.Image(
                     f"{name}-{node.node.name}",
-                    image_name=args.image,
+                    image_name=image_plan.name,
                     build=docker.DockerBuildArgs(
-                        context=args.build.context,
-                        dockerfile=f"{args.build.context}/{args.build.dockerfile}",
-                        args=dict(sorted(args.build.args.items())),
-                        platform=args.build.platform,
+                        context=build.context,
+                        dockerfile=f"{build.context}/{build.dockerfile}",
+                        args=dict(sorted(build.args.items())),
+                        platform=build.platform,
                     ),
                     skip_push=True,
                     opts=node_opts,

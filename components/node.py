@@ -10,21 +10,13 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from .config import NodeConfig
-
-
-def docker_host(node: NodeConfig) -> str:
-    port = "" if node.ssh_port == 22 else f":{node.ssh_port}"
-    return f"ssh://{node.ssh_user}@{node.host}{port}"
+from .stackplan import NodePlan
 
 
 @dataclass(frozen=True)
 class SparkNodeArgs:
-    node: NodeConfig
-    ssh_opts: list[str]  # the system ssh client's options (commands.ssh_opts)
-    preflight: str  # the preflight script (commands.preflight)
+    node: NodePlan
     recheck_on: str  # the group revision: every group (re)start is preceded by a fresh preflight
-    host_key: Optional[str] = None  # pinned for remote commands (config.host_keys); None: not verified
     private_key: Optional[Any] = None  # secret Output[str]; ssh-agent when None
 
 
@@ -40,8 +32,8 @@ class SparkNode(pulumi.ComponentResource):
         self.node = node
         self.docker = docker.Provider(
             f"{name}-docker",
-            host=docker_host(node),
-            ssh_opts=args.ssh_opts,
+            host=node.docker_host,
+            ssh_opts=list(node.ssh_opts),
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.connection = remote.ConnectionArgs(
@@ -50,13 +42,13 @@ class SparkNode(pulumi.ComponentResource):
             user=node.ssh_user,
             private_key=args.private_key,
             # pulumi-command accepts any host key unless one is pinned: pin the one ssh trusts.
-            host_key=args.host_key,
+            host_key=node.host_key,
             dial_error_limit=4,
         )
         self.preflight = remote.Command(
             f"{name}-preflight",
             connection=self.connection,
-            create=args.preflight,
+            create=node.preflight,
             # Re-check the node whenever the serving group is (re)started, not only on the first `up`.
             triggers=[args.recheck_on],
             add_previous_output_in_env=False,

@@ -14,13 +14,12 @@ import pulumi
 from pulumi_command import local
 
 from . import commands
-from .config import ClusterConfig
+from .stackplan import ReadinessPlan
 
 
 @dataclass(frozen=True)
 class ReadinessArgs:
-    cfg: ClusterConfig
-    stack: str
+    readiness: ReadinessPlan
     api_key: Any  # secret Output[str]
     ranks: list[pulumi.Resource]
 
@@ -30,10 +29,9 @@ class Readiness(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ReadinessArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:Readiness", name, None, opts)
-        cfg = args.cfg
         self.check = local.Command(
             f"{name}-check",
-            create=commands.readiness(cfg, args.stack),
+            create=args.readiness.command,
             environment={commands.READINESS_KEY_ENV: args.api_key},
             # Probe again whenever any rank was (re)created: a new group, or one recovered after a refresh.
             triggers=[r.id for r in args.ranks],
@@ -43,7 +41,7 @@ class Readiness(pulumi.ComponentResource):
                 # The probe talks to the running group: every rank must have been created first.
                 depends_on=args.ranks,
                 # The probe itself waits up to readiness.timeoutSeconds; give Pulumi a little more.
-                custom_timeouts=pulumi.CustomTimeouts(create=f"{cfg.readiness.timeout_seconds // 60 + 5}m"),
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{args.readiness.timeout_minutes}m"),
             ),
         )
         self.ready = self.check.stdout.apply(lambda _: True)

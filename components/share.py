@@ -16,19 +16,14 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from . import commands, plan
-from .config import ClusterConfig
 from .node import SparkNode
-
-
-def holds_copy(cfg: ClusterConfig, rank: int) -> bool:
-    return rank == 0 or cfg.share.mode == "local"
+from .stackplan import ExportPlan
 
 
 @dataclass(frozen=True)
 class CheckpointShareArgs:
-    cfg: ClusterConfig
     stack: str
+    export: Optional[ExportPlan]  # nfs mode with workers; the nodes' parts are in nodes[i].node
     nodes: list[SparkNode]
     images: list[docker.RemoteImage]  # the download runs the engine image's huggingface-cli
     hf_token: Optional[Any] = None  # secret Output[str], for source: download
@@ -39,40 +34,40 @@ class CheckpointShare(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: CheckpointShareArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:CheckpointShare", name, None, opts)
-        cfg, stack, nodes = args.cfg, args.stack, args.nodes
+        stack, nodes = args.stack, args.nodes
         self.downloads: dict[int, remote.Command] = {}
-        if cfg.model.source == "download":
-            for rank, node in enumerate(nodes):
-                if not holds_copy(cfg, rank):
-                    continue
-                self.downloads[rank] = remote.Command(
-                    f"{name}-download-{node.node.name}",
-                    connection=node.connection,
-                    create=commands.download(cfg, stack),
-                    stdin=args.hf_token,
-                    triggers=[cfg.model.hf_repo, cfg.model.revision, cfg.model.checkpoint_dir],
-                    add_previous_output_in_env=False,
-                    opts=pulumi.ResourceOptions(
-                        parent=self,
-                        # ~400 GiB per node: a downloaded checkpoint is never deleted by Pulumi.
-                        retain_on_delete=True,
-                        # Downloads run the engine image on a node that passed preflight.
-                        depends_on=[node.preflight, args.images[rank]],
-                    ),
-                )
+        for rank, node in enumerate(nodes):
+            download = node.node.download
+            if download is None:
+                continue
+            self.downloads[rank] = remote.Command(
+                f"{name}-download-{node.node.name}",
+                connection=node.connection,
+                create=download.create,
+                stdin=args.hf_token,
+                triggers=list(download.triggers),
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    # ~400 GiB fetched over hours: destroy leaves the checkpoint where it is.
+                    retain_on_delete=True,
+                    # The download runs the engine image's huggingface-cli on a node that passed preflight.
+                    depends_on=[node.preflight, args.images[rank]],
+                ),
+            )
         self.export: Optional[remote.Command] = None
-        if cfg.share.mode == "nfs" and len(nodes) > 1:
+        if args.export is not None:
             self.export = remote.Command(
                 f"{name}-export",
                 connection=nodes[0].connection,
-                create=commands.export_create(cfg, stack),
-                delete=commands.export_delete(cfg, stack),
+                create=args.export.create,
+                delete=args.export.delete,
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     # create and delete write the same exports file: remove the old one first.
                     delete_before_replace=True,
-                    # The export only makes sense once the head passed its checkpoint checks (and downloaded it).
+                    # Export only a checkpoint that is there, from a head that passed preflight.
                     depends_on=[nodes[0].preflight, *self.downloads.values()],
                 ),
             )
@@ -83,16 +78,16 @@ class CheckpointShare(pulumi.ComponentResource):
             self.volumes.append(
                 docker.Volume(
                     f"{name}-{node.node.name}",
-                    name=plan.checkpoint_volume_name(stack),
+                    name=node.node.volume_name,
                     driver="local",
-                    driver_opts=plan.volume_options(cfg, rank),
+                    driver_opts=node.node.volume_options,
                     labels=[docker.VolumeLabelArgs(label="deepseek-spark.stack", value=stack)],
                     opts=pulumi.ResourceOptions(
                         parent=self,
                         provider=node.docker,
-                        # Fixed volume name per node: the old volume must go before the new one.
+                        # A fixed volume name per node: the old volume must go before the new one is made.
                         delete_before_replace=True,
-                        # A worker's NFS volume mounts the head's export; a local copy must be downloaded first.
+                        # Workers mount the head's export; a node with its own copy waits for its download.
                         depends_on=before,
                     ),
                 )

@@ -13,7 +13,6 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from . import plan
 from .group import GroupArgs, api_key_file, group_generation, rank_container
 
 
@@ -24,11 +23,11 @@ class VllmRayGroup(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GroupArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("deepseek-spark:index:VllmRayGroup", name, None, opts)
-        specs = plan.vllm_specs(args.cfg, args.stack)
-        self.revision = plan.group_revision(specs, plan.image_build_digest(args.cfg))
-        self.api_key_file = api_key_file(f"{name}-api-key", args.cfg, args.stack, args.api_key, args.nodes[0], self)
+        specs = args.group.specs
+        self.revision = args.group.revision
+        self.api_key_file = api_key_file(f"{name}-api-key", args.group, args.api_key, args.nodes[0], self)
         self.generation = group_generation(
-            f"{name}-generation", self.revision, args.stack, self.api_key_file, args.prerequisites, self
+            f"{name}-generation", args.group, self.api_key_file, args.prerequisites, self
         )
         self.ranks: list[docker.Container] = []
         for spec in specs:  # head first: every worker joins its Ray head (head created first, deleted last)

@@ -35,7 +35,7 @@ import shlex
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from components import commands, plan, rules
+from components import plan, rules, stackplan
 
 from .nodes import preflight_checks
 from .render import table, to_json
@@ -59,44 +59,35 @@ def build(stack: Stack) -> dict[str, Any]:
         "endpoint": plan.endpoint(cfg),
         "model": cfg.model.served_name,
     }
-    build_cfg = cfg.image_build
     if errors:  # like preview: nothing is planned from a config that breaks a rule
         doc.update(image={"name": cfg.image, "build": None}, group_revision=None, memory_plan=None, nodes=[])
         return doc
-    digest = plan.image_build_digest(cfg)
+    sp = stackplan.build(cfg, name)  # the same object the program builds its resources from
+    b = sp.image.build
     doc["image"] = {
-        "name": cfg.image,
-        "build": None if build_cfg is None else {
-            "context": build_cfg.context, "dockerfile": build_cfg.dockerfile, "args": dict(build_cfg.args),
-            "platform": build_cfg.platform, "digest": digest,
+        "name": sp.image.name,
+        "build": None if b is None else {
+            "context": b.context, "dockerfile": b.dockerfile, "args": dict(b.args), "platform": b.platform,
+            "digest": plan.image_build_digest(cfg),
         },
     }  # fmt: skip
-    specs = plan.group_specs(cfg, name)
-    revision = plan.group_revision(specs, digest)
-    doc["group_revision"] = revision
-    memory = plan.memory_plan(cfg).to_output()
+    doc["group_revision"] = sp.revision
+    memory = sp.memory.to_output()
     doc["memory_plan"] = memory
     by_role = {r["role"]: r for r in memory["ranks"]}
     nodes = []
-    for spec, node in zip(specs, cfg.nodes):
-        rank = spec.rank
-        script = commands.preflight(cfg, name, rank)
+    for spec, node in zip(sp.group.specs, sp.nodes):
         nodes.append(
             {
-                "rank": rank,
-                "role": spec.role,
+                "rank": node.rank,
+                "role": node.role,
                 "name": node.name,
                 "host": node.host,
                 "fabric_ip": node.fabric_ip,
                 "ssh": {"user": node.ssh_user, "port": node.ssh_port, "target": f"{node.ssh_user}@{node.host}"},
-                "preflight": {"checks": preflight_checks(script), "script": script},
-                "checkpoint_volume": {
-                    "name": plan.checkpoint_volume_name(name),
-                    "driver_opts": plan.volume_options(cfg, rank),
-                },
-                "engram": None if cfg.engine != "sglang" or cfg.engram is None else {
-                    "dir": cfg.engram.dir, "files": plan.shard_files(rank, cfg.serving.tp_size),
-                },
+                "preflight": {"checks": preflight_checks(node.preflight), "script": node.preflight},
+                "checkpoint_volume": {"name": node.volume_name, "driver_opts": dict(node.volume_options)},
+                "engram": None if node.shard is None else {"dir": cfg.engram.dir, "files": list(node.shard.files)},
                 "container": {
                     "name": spec.container_name,
                     "image": spec.image,
@@ -105,11 +96,11 @@ def build(stack: Stack) -> dict[str, Any]:
                     "env": dict(spec.env),
                     "mounts": [asdict(m) for m in spec.mounts],
                     "labels": {
-                        plan.REVISION_LABEL: revision,
+                        plan.REVISION_LABEL: sp.revision,
                         "deepseek-spark.stack": name,
-                        "deepseek-spark.rank": str(rank),
+                        "deepseek-spark.rank": str(node.rank),
                         "deepseek-spark.role": spec.role,
-                        "deepseek-spark.engine": cfg.engine,
+                        "deepseek-spark.engine": sp.engine,
                     },
                     "restart": spec.restart,
                     "network_mode": spec.network_mode,

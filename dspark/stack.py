@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from components import clients, config, plan
+from components import clients, config, plan, stackplan
 from components.config import ClusterConfig
 
 CONFIG_KEY = f"{config.PROJECT}:{config.CLUSTER_KEY}"
@@ -110,7 +110,7 @@ class Stack:
 
     def planned_revision(self) -> str:
         """The group revision the config plans (what the next `up` would label every rank with)."""
-        return plan.group_revision(plan.group_specs(self.cfg, self.short), plan.image_build_digest(self.cfg))
+        return stackplan.build(self.cfg, self.short).revision
 
     def expected_revision(self) -> tuple[str, str]:
         """(revision the ranks should carry, where it came from: "outputs" or "config")."""

@@ -27,7 +27,6 @@ import os
 import socket
 import subprocess
 import time
-from typing import Any
 
 import paramiko
 

@@ -162,7 +162,7 @@ def test_remote_commands_pin_the_host_key_ssh_trusts(tmp_path):
     known = tmp_path / "known_hosts"
     raw = cluster_of("tp4")
     keys = {n["host"]: fake_host_key(n["host"]) for n in raw["nodes"]}
-    known.write_text("".join(f"{h} {k}\n" for h, k in keys.items()) + f"10.0.0.1 ssh-rsa AAAAB3NzaC1yc2E=\n")
+    known.write_text("".join(f"{h} {k}\n" for h, k in keys.items()) + "10.0.0.1 ssh-rsa AAAAB3NzaC1yc2E=\n")
     raw["ssh"] = {**raw.get("ssh", {}), "knownHostsFile": str(known)}
     rec = run_program("tp4", cluster=raw)
     for node in raw["nodes"]:
