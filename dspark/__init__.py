@@ -5,6 +5,8 @@
     python -m dspark logs   --stack tp4 [--rank 0] [--follow] [--since 10m] [--tail 100]
     python -m dspark doctor --stack tp4 [--json]                  # preflight now + drift, each with its fix
     python -m dspark smoke  --stack tp4 [--json]                  # one chat completion, one streamed
+    python -m dspark bench  --stack tp4 [--concurrency 1,2,4,8,16] [--out DIR] [--tokenizer tokenizer.json]
+                                                                  # llama-benchy: raw results, a plot, the seed's figures
 
 It reads the stack's config from `Pulumi.<stack>.yaml` (`--project-dir`, default the current
 directory) and, for the commands that need them, the stack's outputs (`--outputs-file`, or
@@ -13,6 +15,6 @@ program does: the system `ssh` with the stack's ssh options (`components.command
 API key is never printed: every line read from a node or the endpoint is redacted.
 
 Exit codes: status 0 healthy, 1 degraded, 2 down; doctor 1 when it found something; smoke 1 when a
-request failed or missed the expected answer; 3 whenever dspark itself cannot run (arguments,
+request failed or missed the expected answer; bench 1 when llama-benchy failed; 3 whenever dspark itself cannot run (arguments,
 config, outputs).
 """

@@ -1,4 +1,5 @@
-"""python -m dspark <plan|status|logs|doctor|smoke> --stack <stack> [options]; see dspark/__init__.py."""
+"""python -m dspark <plan|status|logs|doctor|smoke|bench> --stack <stack> [options]; see dspark/__init__.py
+(bench: dspark/cmd_bench.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from typing import Callable, Optional, Sequence, TextIO
 
 from . import __doc__ as OVERVIEW
-from . import cmd_doctor, cmd_logs, cmd_plan, cmd_smoke, cmd_status
+from . import cmd_bench, cmd_doctor, cmd_logs, cmd_plan, cmd_smoke, cmd_status
 from .nodes import Nodes, Runner, Streamer, valid_since
 from .stack import DsparkError, load
 
@@ -70,6 +71,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("smoke", cmd_smoke, "one chat completion and one streamed one")
     sp.add_argument("--json", action="store_true", help="machine-readable output (shape: see --help above)")
     sp.add_argument("--timeout", type=_positive, default=120.0, help="seconds per request (default 120)")
+    sp = add("bench", cmd_bench, "llama-benchy at each concurrency level, next to the published figures")
+    sp.add_argument("--json", action="store_true", help="machine-readable output (shape: see --help above)")
+    sp.add_argument("--concurrency", type=cmd_bench.parse_concurrency, default=[1, 2, 4, 8, 16], metavar="1,2,4,8,16",
+                    help="concurrent streams per level, comma-separated (default 1,2,4,8,16)")
+    sp.add_argument("--out", metavar="DIR", help="folder for the results (default bench-<stack>-<UTC timestamp>)")
+    sp.add_argument("--tokenizer", metavar="PATH", help="a local tokenizer.json (the checkpoint's) for exact prompt "
+                    "sizes (default: a BPE trained on the shipped corpus: approximate)")
+    sp.add_argument("--pp", type=cmd_bench.positive_int, default=4096, help="prompt tokens per request (default 4096)")
+    sp.add_argument("--tg", type=cmd_bench.positive_int, default=256,
+                    help="tokens to generate per request (default 256, as seed 000)")
+    sp.add_argument("--runs", type=cmd_bench.positive_int, default=3,
+                    help="measured runs per level, after one warmup (default 3)")
+    sp.add_argument("--timeout", type=_positive, default=3600.0, help="seconds for the whole run (default 3600)")
+    sp.add_argument("--extra-args", default="", metavar='"ARGS"', help="more llama-benchy flags, e.g. "
+                    '--extra-args="--exact-tg --no-cache"')
     return p
 
 
@@ -94,6 +110,10 @@ def main(
             return cmd_plan.run(stack, args.json, out)
         if args.command == "smoke":
             return cmd_smoke.run(stack, args.json, out, timeout=args.timeout)
+        if args.command == "bench":
+            return cmd_bench.run(stack, args.json, out, err, concurrency=args.concurrency, out_dir=args.out,
+                                 tokenizer=args.tokenizer, pp=args.pp, tg=args.tg, runs=args.runs,
+                                 timeout=args.timeout, extra_args=args.extra_args)  # fmt: skip
         nodes = Nodes(stack.cfg, stack.short, runner=runner, streamer=streamer)
         if args.command == "status":
             return cmd_status.run(stack, nodes, args.json, out, watch=args.watch, count=args.count, sleep=sleep)

@@ -1,6 +1,7 @@
 """The operator CLI (`python -m dspark`) against the `sim` stack brought up by the real Pulumi engine.
 
-up -> status healthy, plan matches what runs, smoke answers, doctor finds nothing -> a rank stopped:
+up -> status healthy, plan matches what runs, smoke answers, doctor finds nothing, bench writes its
+files -> a rank stopped:
 status says down and how to repair, doctor and logs name it -> the repair it suggests
 (`pulumi refresh` + `up`) makes status healthy again.
 """
@@ -61,6 +62,21 @@ def test_smoke_and_doctor_on_a_healthy_group(up, project):
     assert 0 < doc["stream"]["ttft_s"] <= doc["stream"]["total_s"]
     code, out = dspark(project, "doctor", "--json")
     assert code == 0 and json.loads(out)["findings"] == [], out
+
+
+def test_bench_writes_results_a_plot_and_the_table(up, project, tmp_path):
+    """llama-benchy for real against the sim's endpoint (the test double's figures mean nothing)."""
+    out = tmp_path / "bench"
+    t0 = time.monotonic()
+    code, text = dspark(project, "bench", "--concurrency", "1,2", "--pp", "256", "--tg", "32", "--runs", "1",
+                        "--out", str(out))  # fmt: skip
+    TIMINGS["dspark bench (concurrency 1,2)"] = time.monotonic() - t0
+    assert code == 0, text[-3000:]
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted({r["concurrency"] for r in summary["results"]}) == [1, 2], summary
+    assert json.loads((out / "llama-benchy.json").read_text())
+    assert "no reference (test double)" in text
 
 
 def test_a_stopped_rank_is_found_and_the_suggested_repair_works(up, project):

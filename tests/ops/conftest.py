@@ -9,8 +9,6 @@ import pytest
 
 from components import probe
 
-REAL_ON_NODE = probe.on_node  # for a test that puts a stub `ssh` first on PATH
-
 
 @pytest.fixture(autouse=True)
 def loopback_only(monkeypatch):

@@ -14,9 +14,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
+from components import probe
 from dspark import nodes as dnodes
 
 ROOT = Path(__file__).resolve().parents[2]
+# The real node runner, for the one test that puts a stub `ssh` first on PATH (conftest.py's guard
+# replaces probe.on_node in every test).
+REAL_ON_NODE = probe.on_node
 KEY = "sk-ops-test-5f1e0c9a7b3d42e8a6c1f0b9d8e7a6c5"
 
 

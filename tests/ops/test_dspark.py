@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REAL_ON_NODE
 import yaml
 
 import harness
@@ -20,7 +19,7 @@ from dspark import nodes as dnodes
 from dspark.__main__ import main
 from components import probe
 from dspark.cmd_status import boot_phase
-from ops_fakes import KEY, ROOT, FakeEndpoint, cluster_for, outputs, state
+from ops_fakes import KEY, REAL_ON_NODE, ROOT, FakeEndpoint, cluster_for, outputs, state
 
 STACKS = ["tp3", "tp4", "tp2", "sim", "sim-tp2"]
 
