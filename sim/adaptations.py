@@ -39,7 +39,8 @@ ADAPTATIONS: list[Adaptation] = [
                "limit (memlock 8 MiB, nofile 20000 here)",
                "rlimits cannot be raised on the test machine (no CAP_SYS_RESOURCE)", "sim/assets/node/sim-runc"),
     Adaptation("engine is the sglang-sim TEST DOUBLE (image sglang-sim:test-double): same flags, rank "
-               "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model",
+               "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model: a fixed answer, streamed "
+               "at 100 tokens/s (max_tokens of filler with ignore_eos/min_tokens), so bench figures are the double's",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
     Adaptation("engine vllm runs the vllm-sim TEST DOUBLE (image vllm-sim:test-double, same image): `ray start` "
                "is a TCP node registry, `vllm serve` checks Ray's alive GPUs like vLLM, same fake API; no NCCL",

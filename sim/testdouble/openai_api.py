@@ -26,6 +26,11 @@ from typing import Callable
 _LOG_LOCK = threading.Lock()
 
 
+# Streamed tokens come at a steady pace, like a decoding engine (100 tokens/s per stream), so
+# time-to-first-token and decode rates measured against the double are finite and ordered.
+DECODE_SECONDS_PER_TOKEN = 0.01
+
+
 def emit(tag: str, msg: str) -> None:
     with _LOG_LOCK:  # one whole line per event, never interleaved between threads
         sys.stdout.write(f"[{tag}] {msg}\n")
@@ -125,6 +130,10 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                                                       "type": "NotFoundError", "param": None, "code": 404}})
             text = message_text(req.get("messages"))
             answer = answer_for(text, api.engine)
+            if req.get("ignore_eos") or req.get("min_tokens"):  # as the engines do: generate max_tokens tokens
+                want = int(req.get("max_tokens") or req.get("min_tokens") or 0)
+                words = answer.split(" ")
+                answer = " ".join(words + ["tok"] * max(0, want - len(words)))
             usage = {"prompt_tokens": max(1, len(re.findall(r"\S+", text))),
                      "completion_tokens": len(answer.split()),
                      "total_tokens": 0}
@@ -153,6 +162,8 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
 
             chunk({"role": "assistant", "content": ""})
             for i, word in enumerate(answer.split(" ")):
+                if i:
+                    time.sleep(DECODE_SECONDS_PER_TOKEN)
                 chunk({"content": word if i == 0 else " " + word})
             chunk({}, finish="stop")
             if (req.get("stream_options") or {}).get("include_usage"):
