@@ -42,9 +42,12 @@ ADAPTATIONS: list[Adaptation] = [
                "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model: a fixed answer, streamed "
                "at 100 tokens/s (max_tokens of filler with ignore_eos/min_tokens), so bench figures are the double's",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
-    Adaptation("engine vllm runs the vllm-sim TEST DOUBLE (image vllm-sim:test-double, same image): `ray start` "
-               "is a TCP node registry, `vllm serve` checks Ray's alive GPUs like vLLM, same fake API; no NCCL",
-               "no GPU, no vLLM or Ray wheels for the simulated nodes", "sim/testdouble"),
+    Adaptation("engine vllm runs REAL Ray (PyPI wheel ray==2.49.2, x86_64, installed in image vllm-sim:test-double) "
+               "with the vllm-sim TEST DOUBLE as `vllm serve`: it checks the real cluster's alive nodes and GPUs "
+               "(ray.nodes()/cluster_resources()) like vLLM, then serves the same fake API; no Ray actors, no "
+               "placement group, no NCCL; GPUs are only Ray's `--num-gpus 1` declaration; object store capped "
+               "at 256 MiB by image env",
+               "no GPU and no vLLM build for the simulated nodes", "sim/testdouble/vllm_serve.py, sim/images.py"),
     Adaptation("tiny fake checkpoint (4 shards + a small engram table) and memory profile sim-test-double",
                "no real checkpoint", "sim/, components/plan.py PROFILES"),
     Adaptation("nvidia-smi, ethtool, ibdev2netdev and /dev/infiniband are stand-ins on each node; "

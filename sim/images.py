@@ -6,7 +6,8 @@
 * final images: base + a small overlay layer (stand-ins, entrypoint, test-double code) committed
   as ``dspark-sim-node:<hash>`` and ``sglang-sim:td-<hash>``, where ``hash`` covers the rootfs key and
   every overlay byte, so a rebuild happens only when an input changes. The engine image holds both
-  TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve`` + ``ray``) and is tagged
+  TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve``) plus REAL Ray (the PyPI wheel,
+  ``RAY_WHEELS``, installed into the rootfs at build time) and is tagged
   ``sglang-sim:test-double`` and ``vllm-sim:test-double`` (one image ID, ``ENGINE_IMAGES``).
 """
 from __future__ import annotations
@@ -35,6 +36,19 @@ ENGINE_IMAGE = "sglang-sim:test-double"
 VLLM_IMAGE = "vllm-sim:test-double"
 ENGINE_IMAGES = (ENGINE_IMAGE, VLLM_IMAGE)  # one image, two names; saved together, loaded together
 RECIPE_VERSION = "3"  # bump when build_rootfs's commands change
+# REAL Ray in the engine image: the PyPI wheel and its (pinned, complete) dependency set, installed
+# into the rootfs with the host's pip (--no-deps: nothing is resolved at build time). The set is part
+# of the rootfs key, so a cached rootfs/base image needs no network.
+RAY_VERSION = "2.49.2"
+RAY_WHEELS = (
+    f"ray=={RAY_VERSION}", "attrs==26.1.0", "certifi==2026.10.19.post1", "charset-normalizer==3.5.3",
+    "click==8.5.1", "filelock==4.3.1", "idna==3.20", "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1",
+    "msgpack==1.2.4", "packaging==26.4", "protobuf==7.36.2", "pyyaml==6.0.4", "referencing==0.37.0",
+    "requests==2.34.2", "rpds-py==2026.9.1", "typing-extensions==4.16.0", "urllib3==2.8.0",
+)
+WHEEL_PLATFORM = ("--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp",
+                  "--abi", "cp311", "--only-binary=:all:")
+ROOTFS_SITE = "usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
 FIXED_MTIME = 1735689600  # 2025-01-01T00:00:00Z: deterministic tars
 CLEANUP = [
     "usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
@@ -112,16 +126,20 @@ class RootfsSpec:
     packages: tuple[str, ...]
     suite: str = SUITE
     variant: str = "minbase"
+    wheels: tuple[str, ...] = ()  # PyPI requirements (pinned) installed into ROOTFS_SITE
 
     def key(self) -> str:
         doc = {"kind": self.kind, "packages": sorted(self.packages), "suite": self.suite,
                "variant": self.variant, "cleanup": CLEANUP, "recipe": RECIPE_VERSION}
+        if self.wheels:
+            doc["wheels"] = sorted(self.wheels)
+            doc["wheel_platform"] = list(WHEEL_PLATFORM)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 NODE_ROOTFS = RootfsSpec("node", ("openssh-server", "docker.io", "python3", "iproute2", "procps",
                                   "sudo", "ca-certificates"))
-ENGINE_ROOTFS = RootfsSpec("engine", ("python3",))
+ENGINE_ROOTFS = RootfsSpec("engine", ("python3",), wheels=RAY_WHEELS)
 
 
 @dataclass
@@ -191,7 +209,7 @@ def engine_overlay(rootfs_key: str) -> Overlay:
     ov = Overlay()
     pkg = "usr/lib/python3/dist-packages"
     for name in ("__init__.py", "flags.py", "openai_api.py", "server.py", "engram.py", "launch_server.py",
-                 "ray_sim.py", "vllm_serve.py"):
+                 "vllm_serve.py"):
         ov.add(f"{pkg}/dspark_testdouble/{name}", (TESTDOUBLE / name).read_bytes())
     ov.add(f"{pkg}/sglang/__init__.py",
            b'"""TEST DOUBLE: sglang-sim (dspark-sim). This is NOT SGLang."""\n__version__ = "0.0.0+test-double"\n')
@@ -199,12 +217,10 @@ def engine_overlay(rootfs_key: str) -> Overlay:
            b'"""TEST DOUBLE of sglang.launch_server (dspark-sim); see dspark_testdouble.server."""\n'
            b"import sys\n\nfrom dspark_testdouble.server import main\n\n"
            b'if __name__ == "__main__":\n    sys.exit(main(engine="sglang"))\n')
-    ov.add(f"{pkg}/ray/__init__.py", RAY_SHIM.format(pkg="dspark_testdouble").encode())
     ov.add(f"{pkg}/vllm/__init__.py",
            b'"""TEST DOUBLE: vllm-sim (dspark-sim). This is NOT vLLM; the CLI is `vllm serve`."""\n'
            b"from dspark_testdouble.vllm_serve import __version__  # noqa: F401\n")
     ov.add("usr/local/bin/vllm", CLI_SCRIPT.format(what="vllm", mod="vllm_serve", fn="main").encode(), 0o755)
-    ov.add("usr/local/bin/ray", CLI_SCRIPT.format(what="ray", mod="ray_sim", fn="cli_main").encode(), 0o755)
     ov.add("opt/dsv41/scripts/pack_engram.py",
            b"#!/usr/bin/python3\n# TEST DOUBLE engram packer (dspark-sim); see dspark_testdouble.engram.\n"
            b"import sys\n\nfrom dspark_testdouble.engram import main\n\n"
@@ -214,18 +230,17 @@ def engine_overlay(rootfs_key: str) -> Overlay:
     ov.changes = [
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "ENV PYTHONUNBUFFERED=1",
+        # real Ray (RAY_VERSION) in a container on a small test machine: no docker-CPU warning, no usage
+        # stats, and an object store capped at 256 MiB (Ray's default is 30% of RAM)
+        "ENV RAY_DISABLE_DOCKER_CPU_WARNING=1",
+        "ENV RAY_USAGE_STATS_ENABLED=0",
+        "ENV RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES=268435456",
         'CMD ["/bin/sh"]',
         "LABEL deepseek-spark.sim.image=sglang-sim deepseek-spark.sim.test-double=true "
         "deepseek-spark.sim.engines=sglang,vllm",
     ]
     return ov
 
-
-# `import ray` in the engine image (unit tests write the same shim with pkg="sim.testdouble")
-RAY_SHIM = '''"""TEST DOUBLE: ray-sim (dspark-sim). This is NOT Ray; see {pkg}.ray_sim."""
-from {pkg}.ray_sim import (__version__, address, available_resources, cluster_resources,  # noqa: F401
-                           init, is_initialized, nodes, shutdown)
-'''
 
 CLI_SCRIPT = '''#!/usr/bin/python3
 # TEST DOUBLE `{what}` CLI (dspark-sim); see dspark_testdouble.{mod}. This is NOT the real {what}.
@@ -291,6 +306,8 @@ def build_rootfs(spec: RootfsSpec, log=print) -> Path:
                     p.unlink()
         (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
         (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+        if spec.wheels:
+            install_wheels(spec.wheels, root, log)
         tmp = out.with_suffix(".tar.partial")
         subprocess.run(["tar", "-C", str(root), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."], check=True)
         os.replace(tmp, out)
@@ -299,6 +316,31 @@ def build_rootfs(spec: RootfsSpec, log=print) -> Path:
     log(f"rootfs {spec.kind}: built {out.name} in {time.monotonic() - t0:.0f}s "
         f"({out.stat().st_size // 2**20} MiB)")
     return out
+
+
+def install_wheels(reqs: tuple[str, ...], root: Path, log=print) -> None:
+    """``pip download`` the pinned wheels (for the rootfs's python, cached in ``cache_dir()/wheels``),
+    then install them with the host's pip into ``root/ROOTFS_SITE``; console scripts go to
+    ``root/usr/local/bin`` with ``#!/usr/bin/python3``."""
+    import sys
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    t0 = time.monotonic()
+    subprocess.run([*pip, "download", "--no-deps", "-d", str(wheels), *WHEEL_PLATFORM, *reqs], check=True)
+    site = root / ROOTFS_SITE
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--find-links", str(wheels), "--target", str(site),
+                    *WHEEL_PLATFORM, *reqs], check=True)
+    bindir = root / "usr/local/bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    for script in sorted((site / "bin").iterdir()) if (site / "bin").is_dir() else []:
+        lines = script.read_text().splitlines(keepends=True)
+        if lines and lines[0].startswith("#!"):
+            lines[0] = "#!/usr/bin/python3\n"
+        (bindir / script.name).write_text("".join(lines))
+        (bindir / script.name).chmod(0o755)
+    shutil.rmtree(site / "bin", ignore_errors=True)
+    log(f"rootfs: installed {len(reqs)} wheels ({reqs[0]}) in {time.monotonic() - t0:.0f}s")
 
 
 def ensure_base(spec: RootfsSpec, log=print) -> str:

@@ -1,5 +1,6 @@
 """Launcher flag tables of the TEST DOUBLES (the single place): ``sglang``
-(``python3 -m sglang.launch_server``), ``vllm`` (``vllm serve MODEL``) and ``ray start``.
+(``python3 -m sglang.launch_server``) and ``vllm`` (``vllm serve MODEL``). ``ray`` is real Ray (the
+PyPI wheel in the engine image), so it has no table here.
 
 Each table maps flag -> kind: ``"value"`` takes one argument, ``"values"`` one or more
 (argparse ``nargs="+"``), ``"bool"`` is a store_true switch. Typed flags are in ``TYPES``,
@@ -69,26 +70,13 @@ VLLM_FLAGS: dict[str, str] = {
     "--disable-log-requests": "bool",
 }
 
-# `ray start` (head: --head --port; worker: --address). Real ray (click) also exits 2 on unknown options.
-RAY_START_FLAGS: dict[str, str] = {
-    "--head": "bool",
-    "--port": "value",
-    "--address": "value",
-    "--node-ip-address": "value",
-    "--num-gpus": "value",
-    "--num-cpus": "value",
-    "--disable-usage-stats": "bool",
-    "--dashboard-host": "value",
-    "--block": "bool",
-}
-
 ENGINES: dict[str, dict[str, str]] = {
     "sglang": SGLANG_FLAGS,
     "vllm": VLLM_FLAGS,
 }
 
-# every table a TEST DOUBLE parser is built from (engines + the ray CLI)
-TABLES: dict[str, dict[str, str]] = dict(ENGINES, **{"ray start": RAY_START_FLAGS})
+# every table a TEST DOUBLE parser is built from
+TABLES: dict[str, dict[str, str]] = dict(ENGINES)
 
 INT_FLAGS = {"--tp", "--tp-size", "--ep-size", "--nnodes", "--node-rank", "--port", "--dist-timeout"}
 
@@ -110,7 +98,6 @@ TYPES: dict[str, dict[str, type | object]] = {
     "sglang": {f: int for f in INT_FLAGS},
     "vllm": {"--tensor-parallel-size": int, "--port": int, "--max-model-len": human_int,
              "--gpu-memory-utilization": float, "--max-num-seqs": int},
-    "ray start": {"--port": int, "--num-gpus": int, "--num-cpus": int},
 }
 
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -120,24 +107,20 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
         "--kv-cache-dtype": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
         "--uvicorn-log-level": ("critical", "error", "warning", "info", "debug", "trace"),
     },
-    "ray start": {},
 }
 
 TABLE_DEFAULTS: dict[str, dict[str, str]] = {
     "sglang": DEFAULTS,
     "vllm": {"--tensor-parallel-size": "1", "--host": "0.0.0.0", "--port": "8000",
              "--gpu-memory-utilization": "0.9", "--kv-cache-dtype": "auto", "--uvicorn-log-level": "info"},
-    "ray start": {"--port": "6379"},
 }
 
 ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
     "sglang": {},
     "vllm": {"--tensor-parallel-size": ("-tp",)},
-    "ray start": {},
 }
 
-PROGS = {"sglang": "python3 -m sglang.launch_server (TEST DOUBLE)", "vllm": "vllm serve (TEST DOUBLE)",
-         "ray start": "ray start (TEST DOUBLE)"}
+PROGS = {"sglang": "python3 -m sglang.launch_server (TEST DOUBLE)", "vllm": "vllm serve (TEST DOUBLE)"}
 
 
 def add_table(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

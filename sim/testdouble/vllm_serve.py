@@ -4,16 +4,19 @@
 2. MODEL must be a directory holding a readable ``config.json``, else exit 1.
 3. Executor: ``--distributed-executor-backend`` (default as vLLM: ``uni`` for tp 1, ``mp`` when tp fits
    the node's GPUs, else ``ray``; a simulated Spark has 1 GPU, or ``CUDA_VISIBLE_DEVICES``).
-   ``ray``: ``ray.init()`` (``$RAY_ADDRESS`` / the local head), then the same checks as vLLM's
-   ``initialize_ray_cluster``: the alive nodes must offer >= tp GPUs and the current node
-   (``$VLLM_HOST_IP``, else the address used to reach the head) must be an alive node with a GPU;
-   otherwise exit 1 with vLLM's error text. One ``{"GPU": 1}`` bundle per rank, the driver node's first.
+   ``ray``: REAL Ray (the PyPI wheel in the image): ``ray.init(address="auto")`` (``$RAY_ADDRESS`` /
+   the local head; no cluster: exit 1), then the same checks as vLLM's ``initialize_ray_cluster`` on
+   ``ray.nodes()`` / ``ray.cluster_resources()``: the alive nodes must offer >= tp GPUs and the current
+   node (``$VLLM_HOST_IP``, else Ray's node IP) must be an alive node with a GPU; otherwise exit 1 with
+   vLLM's error text. One ``{"GPU": 1}`` bundle per rank, the driver node's first (no placement group is
+   created: nothing runs on the ranks).
 4. HTTP on ``--host:--port`` (only once the executor is up, as vLLM): ``/health`` and ``/ping`` 200
    with an empty body, ``/version``, ``/v1/models``, ``/v1/chat/completions`` (shared with the SGLang
    double: ``openai_api``). API key: ``--api-key`` or ``$VLLM_API_KEY``; when set, only paths starting
    with ``/v1`` need ``Authorization: Bearer <key>`` (401 ``{"error": "Unauthorized"}``), as in vLLM.
 5. Ray executor: every ``DSPARK_VLLM_RAY_POLL_S`` (2 s) the double re-reads ``ray.nodes()``; if a
    node hosting a rank is no longer alive, or the head is unreachable, it logs which one and exits 1.
+   ``import ray`` happens only for the ``ray`` backend (``uni``/``mp`` run without Ray installed).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-from . import flags, openai_api, ray_sim
+from . import flags, openai_api
 
 __version__ = "0.11.0+test-double"
 TAG = "vllm-sim test-double"
@@ -55,7 +58,15 @@ def check_model(path: str) -> dict:
 
 
 def local_gpu_count() -> int:
-    return ray_sim.detect_gpus()
+    """GPUs on this node as vLLM sees them: CUDA_VISIBLE_DEVICES if set, else one GB10 per Spark."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return len([d for d in cvd.split(",") if d.strip() and d.strip() != "-1"])
+    return 1
+
+
+def ray_nodes(ray) -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
 
 
 def resolve_backend(tp: int, backend: str | None) -> str:
@@ -74,19 +85,25 @@ def resolve_backend(tp: int, backend: str | None) -> str:
 def place_on_ray(tp: int) -> list[dict]:
     """vLLM's ``initialize_ray_cluster`` checks; returns the node of each rank (driver's first)."""
     try:
-        ray_sim.init(ignore_reinit_error=True)
-        alive = [n for n in ray_sim.nodes() if n.get("Alive")]
-    except (ConnectionError, OSError, ValueError) as e:
+        import ray
+    except ImportError as e:
+        die(f"ModuleNotFoundError: {e}; the ray backend needs Ray installed")
+    try:
+        ctx = ray.init(address="auto", ignore_reinit_error=True, logging_level="WARNING",
+                       log_to_driver=False, configure_logging=False)
+        alive = ray_nodes(ray)
+        gpus_total = ray.cluster_resources().get("GPU", 0.0)
+    except (ConnectionError, OSError, ValueError, RuntimeError) as e:
         die(f"ConnectionError: {e}")
-    addr = ray_sim.address()
+    addr = ctx.address_info.get("gcs_address") or os.environ.get("RAY_ADDRESS", "?")
     summary = ", ".join(f"{n['NodeID'][:8]} {n['NodeManagerAddress']} GPU {n['Resources'].get('GPU', 0):g}"
                         for n in alive)
     log(f"Ray cluster at {addr}: {len(alive)} alive node(s): {summary}")
-    total = sum(n["Resources"].get("GPU", 0.0) for n in alive)
+    total = gpus_total
     if tp > total:
         die("ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement "
             f"group. (required {tp}, the Ray cluster at {addr} has {total:g} on {len(alive)} alive node(s))")
-    current_ip = os.environ.get("VLLM_HOST_IP") or ray_sim.local_ip(ray_sim.split_address(addr)[0])
+    current_ip = os.environ.get("VLLM_HOST_IP") or ray.util.get_node_ip_address()
     here = [n for n in alive if n["NodeManagerAddress"] == current_ip]
     res = here[0]["Resources"] if here else {}
     if not here or res.get("GPU", 0.0) < 1:
@@ -107,6 +124,8 @@ def place_on_ray(tp: int) -> list[dict]:
 
 
 def watch_ray(placement: list[dict], every: float) -> None:
+    import ray
+
     ranks: dict[str, list[int]] = {}
     for r, n in enumerate(placement):
         ranks.setdefault(n["NodeID"], []).append(r)
@@ -114,8 +133,8 @@ def watch_ray(placement: list[dict], every: float) -> None:
     while True:
         time.sleep(every)
         try:
-            by_id = {n["NodeID"]: n for n in ray_sim.nodes()}
-        except (ConnectionError, OSError, ValueError) as e:
+            by_id = {n["NodeID"]: n for n in ray.nodes()}
+        except Exception as e:  # noqa: BLE001 -- any failure to reach the GCS: the engine is dead
             die(f"RayWorkerError: lost the Ray cluster ({e}); engine dead, exiting")
         lost = [nid for nid in ranks if not by_id.get(nid, {}).get("Alive")]
         if lost:

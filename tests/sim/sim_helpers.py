@@ -3,7 +3,7 @@
 The wrappers follow the contract the Pulumi program deploys for engine ``vllm`` (seed 004):
 
 * head (node 0): ``/bin/sh -c HEAD_WRAPPER vllm-head serve /models/checkpoint ...``: ``ray start --head``
-  (returns once the head listens), then the Ray gate (``python3 -c GATE``: wait until
+  (real Ray; returns once the head runs), then the Ray gate (``python3 -c GATE``: wait until
   ``$DSPARK_RAY_NODES`` nodes are alive, at most ``$DSPARK_RAY_WAIT`` s, else exit 1), then the API key
   file (if present) into ``VLLM_API_KEY`` and ``exec vllm "$@"``;
 * worker (node 1): ``/bin/sh -c WORKER_WRAPPER ray-worker ray start --block --address HEAD:6379 ...``.

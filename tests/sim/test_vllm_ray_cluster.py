@@ -1,5 +1,6 @@
-"""Integration: vllm-sim + ray-sim on two simulated Sparks, deployed as the program deploys engine
-``vllm`` (head container on node 0 gated on Ray, ``ray start --block`` worker on node 1)."""
+"""Integration: the vllm-sim TEST DOUBLE + REAL Ray (the PyPI wheel in the image) on two simulated
+Sparks, deployed as the program deploys engine ``vllm`` (head container on node 0 gated on Ray,
+``ray start --block`` worker on node 1)."""
 from __future__ import annotations
 
 import json
@@ -76,7 +77,8 @@ def test_vllm_image_on_every_node(sim_cluster):
                                   "docker run --rm vllm-sim:test-double sh -c 'ray --version && vllm --version && "
                                   "python3 -c \"import ray; print(ray.__version__)\"'").stdout.split("\n")
         assert out[0] == out[1] and out[0].startswith("sha256:")  # one image, two names
-        assert "test-double" in out[2] and out[3].endswith("+test-double")
+        assert out[2] == f"ray, version {images.RAY_VERSION}" and out[4] == images.RAY_VERSION  # real Ray
+        assert out[3].endswith("+test-double")
 
 
 def test_unknown_flags_exit_2_on_node(sim_cluster):
@@ -85,14 +87,14 @@ def test_unknown_flags_exit_2_on_node(sim_cluster):
             check=False)
     assert r.returncode == 2 and "unrecognized arguments: --no-such-flag" in r.stderr
     r = ssh(sim_cluster, n, "docker run --rm vllm-sim:test-double ray start --head --no-such-flag", check=False)
-    assert r.returncode == 2 and "unrecognized arguments: --no-such-flag" in r.stderr
+    assert r.returncode == 2 and "No such option '--no-such-flag'" in r.stderr  # real Ray's click CLI
 
 
 def test_vllm_ray_head_and_worker_serve_then_break(sim_cluster, pair):
     n0, n1 = pair
     base = f"http://{n0.ip}:{HTTP_PORT}"
     ssh(sim_cluster, n0, head_cmd(sim_cluster))
-    # the head's Ray registry is up and the gate holds vllm back until the worker joined
+    # the Ray head is up and the gate holds vllm back until the worker joined
     assert wait_for(lambda: "1 node_" in ssh(sim_cluster, n0, f"docker exec {HEAD} ray status", check=False).stdout,
                     30), logs(sim_cluster, n0, HEAD)
     assert http(base + "/health")[0] is None and state(sim_cluster, n0, HEAD) == "running 0"
@@ -103,9 +105,15 @@ def test_vllm_ray_head_and_worker_serve_then_break(sim_cluster, pair):
     head_log = logs(sim_cluster, n0, HEAD)
     assert "ray gate: 2/2 Ray nodes alive" in head_log
     assert "rank 0 on" in head_log and f"({n0.ip}), rank 1 on" in head_log and f"({n1.ip})" in head_log
-    assert "registered node" in logs(sim_cluster, n1, WORKER)
-    status = ssh(sim_cluster, n0, f"docker exec {HEAD} ray status").stdout
-    assert status.count(" node_") == 2 and n0.ip in status and n1.ip in status
+    assert "Ray runtime started" in logs(sim_cluster, n1, WORKER)
+    # `ray status` shows the autoscaler's view, which lags ray.nodes() (the gate's) by a few seconds
+    assert wait_for(lambda: ssh(sim_cluster, n0, f"docker exec {HEAD} ray status", check=False)
+                    .stdout.count(" node_") == 2, 30)
+    ips = ssh(sim_cluster, n0, f"docker exec {HEAD} python3 -c " + shlex.quote(
+        "import ray; ray.init(address='auto', logging_level='ERROR'); "
+        "print(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']), ray.cluster_resources()['GPU'])"
+    )).stdout.strip().splitlines()[-1]
+    assert ips == f"{sorted([n0.ip, n1.ip])} 2.0"
 
     assert http(base + "/health") == (200, "")                     # never authenticated
     assert http(base + "/v1/models") == (401, '{"error": "Unauthorized"}')
@@ -125,7 +133,7 @@ def test_vllm_ray_head_and_worker_serve_then_break(sim_cluster, pair):
 
     # stopping the worker container breaks the tensor-parallel group: the head container exits non-zero
     ssh(sim_cluster, n1, f"docker stop {WORKER}")
-    st = exited(sim_cluster, n0, HEAD, 30)
+    st = exited(sim_cluster, n0, HEAD, 60)  # Ray's GCS marks the node dead, the double notices within 2 s
     assert st and st != "exited 0", (st, logs(sim_cluster, n0, HEAD))
     assert "lost Ray node(s)" in logs(sim_cluster, n0, HEAD) and n1.ip in logs(sim_cluster, n0, HEAD)
 
@@ -136,9 +144,10 @@ def test_worker_exits_when_head_goes(sim_cluster, pair):
     ssh(sim_cluster, n1, worker_cmd(sim_cluster))
     assert wait_for(lambda: http(f"http://{n0.ip}:{HTTP_PORT}/health")[0] == 200, 60), logs(sim_cluster, n0, HEAD)
     ssh(sim_cluster, n0, f"docker stop {HEAD}")
-    st = exited(sim_cluster, n1, WORKER, 30)
+    # real Ray: the worker's raylet gives up on the GCS after gcs_rpc_server_reconnect_timeout_s (60 s),
+    # then `ray start --block` sees a Ray process die and exits 1
+    st = exited(sim_cluster, n1, WORKER, 120)
     assert st and st != "exited 0", (st, logs(sim_cluster, n1, WORKER))
-    assert "lost the Ray head" in logs(sim_cluster, n1, WORKER)
 
 
 def test_head_gives_up_without_worker(sim_cluster, pair):
