@@ -74,9 +74,22 @@ def parse_rank(spec: str) -> tuple[int, str, str, int]:
     return int(rank), container, target, int(port)
 
 
+SECRET = "[secret]"
+
+
+def redact(text: str, key: str | None) -> str:
+    """`text` with every occurrence of the API key replaced by [secret]."""
+    return text.replace(key, SECRET) if key else text
+
+
+def ssh_argv(target: str, port: int, ssh_opts: list[str], remote: str) -> list[str]:
+    """The system ssh running `remote` (one shell string) on a node, as the docker provider reaches it."""
+    return ["ssh", *ssh_opts, "-p", str(port), target, remote]
+
+
 def on_node(target: str, port: int, ssh_opts: list[str], remote: str, timeout: float = 30) -> tuple[int, str]:
     """Run `remote` (one shell string) on a node through the system ssh; (exit code, output)."""
-    argv = ["ssh", *ssh_opts, "-p", str(port), target, remote]
+    argv = ssh_argv(target, port, ssh_opts, remote)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -129,7 +142,7 @@ def exited_rank(ranks: list[str], ssh_opts: list[str], key: str, run=on_node) ->
         status, _, exit_code = out.strip().partition(" ")
         if status in ("exited", "dead"):
             _, logs = run(target, port, ssh_opts, f"docker logs --tail {LOG_LINES} {shlex.quote(container)} 2>&1")
-            tail = logs.replace(key, "[secret]") if key else logs
+            tail = redact(logs, key)
             return (
                 f"rank {rank} ({container} on {target}) exited with code {exit_code}; "
                 f"last {LOG_LINES} log lines:\n" + "\n".join("  | " + line for line in tail.rstrip().splitlines())

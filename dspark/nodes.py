@@ -27,15 +27,11 @@ q = shlex.quote
 Runner = Callable[[str, int, list[str], str], tuple[int, str]]
 Streamer = Callable[[str, int, list[str], str], Iterator[str]]
 
-SECRET = "[secret]"
+SECRET = probe.SECRET
+redact = probe.redact  # one redaction for the program's probe and this CLI
 SSH_FAILED = 255  # ssh's own exit code when it could not connect or authenticate
 
 T = TypeVar("T")
-
-
-def redact(text: str, key: Optional[str]) -> str:
-    """`text` with every occurrence of the API key replaced by [secret]."""
-    return text.replace(key, SECRET) if key else text
 
 
 def sh_c(script: str) -> str:
@@ -45,7 +41,7 @@ def sh_c(script: str) -> str:
 
 def stream_on_node(target: str, port: int, ssh_opts: list[str], remote: str) -> Iterator[str]:
     """Run `remote` on a node through the system ssh and yield its output lines as they arrive."""
-    argv = ["ssh", *ssh_opts, "-p", str(port), target, remote]
+    argv = probe.ssh_argv(target, port, ssh_opts, remote)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     try:
         assert proc.stdout is not None

@@ -134,8 +134,7 @@ class CommandProvider(Provider):
 
     def diff(self, type_: str, id_: str, olds: dict, news: dict, ignore: list[str]) -> Diff:
         olds = {k: v for k, v in olds.items() if k not in OUTPUTS}
-        d = diff_inputs(olds, news, {"triggers"}, ignore)
-        return d
+        return diff_inputs(olds, news, {"triggers"}, ignore)
 
     def _run(self, type_: str, urn: str, inputs: dict, script: str | None, previous: dict | None) -> dict:
         """Run `script` (if any); the command's outputs."""

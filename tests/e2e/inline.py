@@ -29,7 +29,6 @@ def main() -> int:
     ap.add_argument("--diff", action="store_true")
     ap.add_argument("--policy-pack", action="append", default=[])
     ap.add_argument("--policy-pack-config", action="append", default=[])
-    ap.add_argument("--refresh", action="store_true")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -47,8 +46,7 @@ def main() -> int:
     stack = auto.Stack.select(args.stack, ws)
     common = dict(on_output=lambda line: print(line, end="" if line.endswith("\n") else "\n", flush=True),
                   color="never", policy_packs=args.policy_pack or None, diff=args.diff or None,
-                  policy_pack_configs=args.policy_pack_config or None,
-                  refresh=args.refresh or None)  # fmt: skip
+                  policy_pack_configs=args.policy_pack_config or None)  # fmt: skip
     try:
         if args.op == "preview":
             stack.preview(**common)

@@ -104,22 +104,23 @@ class PulumiProject:
                               text=True, timeout=timeout)  # fmt: skip
         return Run(label, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0)
 
-    def _inline(self, op: str, diff: bool, policy_pack: bool, refresh: bool = False, timeout: float = 900,
-                policy_config: Path | None = None) -> Run:  # fmt: skip
+    def _inline_argv(self, op: str, diff: bool = False, policy_pack: bool = False,
+                     policy_config: Path | None = None) -> list[str]:  # fmt: skip
         argv = [sys.executable, str(ROOT / "tests/e2e/inline.py"), op, "--stack", self.stack,
                 "--work-dir", str(self.work_dir)]  # fmt: skip
         argv += ["--policy-pack-config", str(policy_config)] if policy_config else []
         argv += ["--diff"] if diff else []
         argv += ["--policy-pack", POLICY_PACK] if policy_pack else []
-        argv += ["--refresh"] if refresh else []
+        return argv
+
+    def _inline(self, op: str, diff: bool, policy_pack: bool, timeout: float = 900,
+                policy_config: Path | None = None) -> Run:  # fmt: skip
         label = [op] + (["--diff"] if diff else []) + (["--policy-pack", POLICY_PACK] if policy_pack else [])
-        return self._run(argv, label, None, timeout)
+        return self._run(self._inline_argv(op, diff, policy_pack, policy_config), label, None, timeout)
 
     def up_in_background(self) -> subprocess.Popen:
         """`up` left running (to break a node under it); read its output with communicate()."""
-        argv = [sys.executable, str(ROOT / "tests/e2e/inline.py"), "up", "--stack", self.stack,
-                "--work-dir", str(self.work_dir)]  # fmt: skip
-        return subprocess.Popen(argv, cwd=self.work_dir, env=self.env, stdout=subprocess.PIPE,
+        return subprocess.Popen(self._inline_argv("up"), cwd=self.work_dir, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
     def preview(self, diff: bool = True, policy_pack: bool = True, policy_config: Path | None = None) -> Run:
