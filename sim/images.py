@@ -6,8 +6,8 @@
 * final images: base + a small overlay layer (stand-ins, entrypoint, test-double code) committed
   as ``dspark-sim-node:<hash>`` and ``sglang-sim:td-<hash>``, where ``hash`` covers the rootfs key and
   every overlay byte, so a rebuild happens only when an input changes. The engine image holds both
-  TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve``) plus REAL Ray (the PyPI wheel,
-  ``RAY_WHEELS``, installed into the rootfs at build time) and is tagged
+  TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve``) plus REAL Ray and the REAL SGLang
+  router (PyPI wheels, ``RAY_WHEELS`` + ``ROUTER_WHEELS``, installed into the rootfs at build time) and is tagged
   ``sglang-sim:test-double`` and ``vllm-sim:test-double`` (one image ID, ``ENGINE_IMAGES``).
 """
 from __future__ import annotations
@@ -46,6 +46,19 @@ RAY_WHEELS = (
     "msgpack==1.2.4", "packaging==26.4", "protobuf==7.36.2", "pyyaml==6.0.4", "referencing==0.37.0",
     "requests==2.34.2", "rpds-py==2026.9.1", "typing-extensions==4.16.0", "urllib3==2.8.0",
 )
+# The REAL SGLang router (PyPI ``sglang-router``, module ``sglang_router``: ``python3 -m
+# sglang_router.launch_router``) and the rest of its pinned dependency set (resolved once with pip for
+# cp311). attrs, click, idna and typing-extensions are shared with Ray: the RAY_WHEELS pins satisfy both
+# (``pip check`` is clean with the whole set), so they are listed once, there.
+ROUTER_VERSION = "0.3.2"
+ROUTER_WHEELS = (
+    f"sglang-router=={ROUTER_VERSION}", "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0",
+    "annotated-doc==0.0.7", "annotated-types==0.8.0", "anyio==4.16.0", "fastapi==0.165.0", "frozenlist==1.8.0",
+    "h11==0.16.0", "multidict==7.2.1", "opentelemetry-api==1.45.2", "orjson==3.13.0", "propcache==0.5.4",
+    "pydantic==2.14.4", "pydantic-core==2.50.5", "setproctitle==1.3.8", "starlette==1.10.0",
+    "typing-inspection==0.4.5", "uvicorn==0.54.0", "yarl==1.25.1",
+)
+ENGINE_WHEELS = RAY_WHEELS + ROUTER_WHEELS  # every name pinned once (tests/sim checks it)
 WHEEL_PLATFORM = ("--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp",
                   "--abi", "cp311", "--only-binary=:all:")
 ROOTFS_SITE = "usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
@@ -139,7 +152,7 @@ class RootfsSpec:
 
 NODE_ROOTFS = RootfsSpec("node", ("openssh-server", "docker.io", "python3", "iproute2", "procps",
                                   "sudo", "ca-certificates"))
-ENGINE_ROOTFS = RootfsSpec("engine", ("python3",), wheels=RAY_WHEELS)
+ENGINE_ROOTFS = RootfsSpec("engine", ("python3",), wheels=ENGINE_WHEELS)
 
 
 @dataclass

@@ -135,6 +135,21 @@ def test_rootfs_cache_key():
     assert len(a.key()) == 16
 
 
+def test_engine_wheels_pinned_once_and_in_the_key():
+    """Ray's and the SGLang router's sets together: every requirement an exact pin, each name once
+    (a name shared by both sets is pinned in RAY_WHEELS only), all of it in the engine rootfs key."""
+    names = [r.split("==")[0].lower().replace("_", "-") for r in images.ENGINE_WHEELS]
+    assert all(r.count("==") == 1 and r.split("==")[1] for r in images.ENGINE_WHEELS)
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert f"sglang-router=={images.ROUTER_VERSION}" in images.ENGINE_ROOTFS.wheels
+    assert f"ray=={images.RAY_VERSION}" in images.ENGINE_ROOTFS.wheels
+    assert set(images.ENGINE_ROOTFS.wheels) == set(images.RAY_WHEELS) | set(images.ROUTER_WHEELS)
+    without = images.RootfsSpec("engine", ("python3",), wheels=images.RAY_WHEELS)
+    assert images.ENGINE_ROOTFS.key() != without.key()
+    shuffled = images.RootfsSpec("engine", ("python3",), wheels=tuple(reversed(images.ENGINE_WHEELS)))
+    assert images.ENGINE_ROOTFS.key() == shuffled.key()  # order-free, deterministic
+
+
 def test_image_tags_follow_overlay_content():
     spec = images.ENGINE_ROOTFS
     ov = images.engine_overlay(spec.key())
