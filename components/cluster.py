@@ -3,7 +3,7 @@ readiness gate, and owns the stack outputs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pulumi
@@ -16,7 +16,8 @@ from .readiness import Readiness, ReadinessArgs
 from .group import GroupArgs
 from .sglang import SglangGroup
 from .share import CheckpointShare, CheckpointShareArgs
-from .stackplan import StackPlan
+from .router import Router, router_member
+from .stackplan import MemberPlan, StackPlan
 from .vllm import VllmRayGroup
 
 
@@ -37,6 +38,11 @@ class DeepSeekClusterArgs:
     api_key: Any  # secret Output[str]
     ssh_private_key: Any = None  # secret Output[str]; ssh-agent when None
     hf_token: Any = None  # secret Output[str], for model.source: download
+    # Behind a router: the router and this group's membership plan; `after`: what this group's restart
+    # waits for (the previous group back in rotation).
+    router: Optional[Router] = None
+    member: Optional[MemberPlan] = None
+    after: list = field(default_factory=list)
 
 
 class DeepSeekCluster(pulumi.ComponentResource):
@@ -60,7 +66,9 @@ class DeepSeekCluster(pulumi.ComponentResource):
                 f"{name}-engram", EngramShardsArgs(self.nodes, self.image.images, self.share.volumes), child
             )
             prerequisites += self.engram.shards
-        group_args = GroupArgs(sp.group, stack, args.api_key, self.nodes, self.share.volumes, prerequisites)
+        group_args = GroupArgs(
+            sp.group, stack, args.api_key, self.nodes, self.share.volumes, prerequisites, list(args.after)
+        )
         self.group: SglangGroup | VllmRayGroup = (
             SglangGroup(f"{name}-sglang", group_args, child)
             if sp.engine == "sglang"
@@ -69,6 +77,11 @@ class DeepSeekCluster(pulumi.ComponentResource):
         self.readiness = Readiness(
             f"{name}-readiness", ReadinessArgs(sp.readiness, args.api_key, self.group.ranks), child
         )
+        self.member: Optional[pulumi.Resource] = None
+        if args.router is not None and args.member is not None:
+            self.member = router_member(
+                f"{name}-router-member", args.member, args.api_key, self.readiness.check, args.router, self
+            )
 
         self.endpoint = sp.endpoint
         self.model = sp.model

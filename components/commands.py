@@ -207,8 +207,15 @@ def engram_delete(cfg: ClusterConfig, rank: int) -> str:
 
 def api_key_create(cfg: ClusterConfig, stack: str) -> str:
     """Write stdin (the API key) to a 0600 file on the head; the key itself is never in the command."""
-    s = key_sudo(cfg)
-    path = plan.api_key_path(cfg, stack)
+    return secret_file_create(plan.api_key_path(cfg, stack), key_sudo(cfg))
+
+
+def api_key_delete(cfg: ClusterConfig, stack: str) -> str:
+    return f"{key_sudo(cfg)}rm -f {q(plan.api_key_path(cfg, stack))}\n"
+
+
+def secret_file_create(path: str, s: str = "") -> str:
+    """Write stdin to a 0600 file at `path` (`s`: the sudo prefix, or "")."""
     directory = path.rsplit("/", 1)[0]
     return (
         "set -eu\numask 077\n"
@@ -218,8 +225,13 @@ def api_key_create(cfg: ClusterConfig, stack: str) -> str:
     )
 
 
-def api_key_delete(cfg: ClusterConfig, stack: str) -> str:
-    return f"{key_sudo(cfg)}rm -f {q(plan.api_key_path(cfg, stack))}\n"
+def router_key_path(cfg: ClusterConfig, user: str, stack: str) -> str:
+    """The router's copy of the API key on its node: the group's stateDir, or the node user's default."""
+    return f"{plan.state_dir(cfg, user)}/{stack}-router/api-key"
+
+
+def router_key_sudo(cfg: ClusterConfig, user: str) -> str:
+    return "" if plan.state_dir(cfg, user).startswith(f"/home/{user}/") else sudo(user)
 
 
 def generation_record(stack: str, revision: str) -> str:
@@ -243,18 +255,19 @@ def ssh_opts(cfg: ClusterConfig) -> list[str]:
     return opts
 
 
-def readiness(cfg: ClusterConfig, stack: str) -> str:
+def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
     """Local command: wait for rank 0 /health, then one authenticated chat completion, failing at
-    once if a rank's container exits meanwhile."""
+    once if a rank's container exits meanwhile. `url`: probe that endpoint (the router's) instead,
+    without watching ranks."""
     r = cfg.readiness
     ranks = [
         f"--rank {q(f'{rank}={plan.container_name(stack, rank)}@{n.ssh_user}@{n.host}:{n.ssh_port}')}"
         for rank, n in enumerate(cfg.nodes)
-    ]
+    ] if url is None else []  # fmt: skip
     return " ".join(
         [
             "python3 -m components.probe",
-            f"--url {q(plan.endpoint(cfg))}",
+            f"--url {q(url or plan.endpoint(cfg))}",
             f"--model {q(cfg.model.served_name)}",
             f"--timeout {r.timeout_seconds}",
             f"--interval {r.interval_seconds}",
@@ -262,6 +275,6 @@ def readiness(cfg: ClusterConfig, stack: str) -> str:
             f"--expect {q(r.expect)}",
             f"--key-env {READINESS_KEY_ENV}",
             *ranks,
-            *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg)),
+            *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks else [])),
         ]
     )

@@ -239,12 +239,61 @@ ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+ROUTER_POLICIES = ("round_robin", "cache_aware", "power_of_two", "random")
+
+
+class RouterConfig(_Strict):
+    """The SGLang router (`sglang-router`, PyPI) in front of several groups: one endpoint, the API key
+    enforced there, groups taken out of rotation while they restart (scripts/router.sh of the reference)."""
+
+    node: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")] = Field(
+        description="name of the node (of any group) that runs the router container"
+    )
+    port: int = Field(default=8889, ge=1024, le=65535, description="the stack's endpoint port on that node")
+    metrics_port: int = Field(default=29000, ge=1024, le=65535, description="the router's Prometheus port")
+    policy: Literal[ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
+        default="round_robin", description="round_robin: cache_aware piles shared prefixes onto one group"
+    )
+    image: ImageRef | None = Field(
+        default=None, description="image with sglang_router (default: the SGLang image of the router node's group)"
+    )
+    request_timeout_seconds: int = Field(default=1800, ge=1, le=86400)
+    drain_timeout_seconds: int = Field(
+        default=600, ge=0, le=86400, description="longest wait for a group's requests to finish before it restarts"
+    )
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """One serving group: a name (None for a stack without `groups`) and its full config."""
+
+    name: str | None
+    cfg: ClusterConfig
+
+    def plan_name(self, stack: str) -> str:
+        """What the program names this group's resources, containers and files after."""
+        return stack if self.name is None else f"{stack}-{self.name}"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """The whole stack: one or more groups, and the router in front of them (None: no router)."""
+
+    groups: tuple[GroupEntry, ...]
+    router: RouterConfig | None = None
+
+    @property
+    def single(self) -> ClusterConfig | None:
+        """The config of a stack written without `groups` (today's stacks); None otherwise."""
+        return self.groups[0].cfg if len(self.groups) == 1 and self.groups[0].name is None else None
+
+
 class ConfigError(Exception):
     """Bad stack configuration; the message names each field, its value and the fix."""
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = "cluster"
+def _loc(loc: tuple[Any, ...], root: str = "cluster") -> str:
+    out = root
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else f".{part}"
     return out
@@ -268,16 +317,97 @@ def parse_cluster(raw: Any) -> ClusterConfig:
     try:
         return ClusterConfig.model_validate(raw)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = _loc(err["loc"])
-            if err["type"] == "extra_forbidden":
-                lines.append(f"{where}: unknown field; remove it or check its spelling (fields are camelCase)")
-            elif err["type"] == "missing":
-                lines.append(f"{where}: required field is missing; add it to the stack config")
-            else:
-                lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-        raise ConfigError("invalid stack config:\n  " + "\n  ".join(lines)) from None
+        raise ConfigError("invalid stack config:\n  " + "\n  ".join(_errors(exc))) from None
+
+
+def _errors(exc: ValidationError, root: str = "cluster") -> list[str]:
+    """One line per problem: the field's path, what is wrong and what to do."""
+    lines = []
+    for err in exc.errors():
+        where = _loc(err["loc"], root)
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown field; remove it or check its spelling (fields are camelCase)")
+        elif err["type"] == "missing":
+            lines.append(f"{where}: required field is missing; add it to the stack config")
+        else:
+            lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return lines
+
+
+GROUP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,14}[a-z0-9])?$")
+GROUP_FIELDS = ("engine", "nodes", "model", "image", "imageBuild", "imageTimeoutMinutes", "serving", "engram",
+                "fabric", "share", "readiness", "memory", "topology", "stateDir")  # fmt: skip
+
+
+def _merge(base: dict, override: dict) -> dict:
+    """A group's config: the shared top-level fields with the group's own on top (mappings merged
+    one level deep, so `serving: {tpSize: 2}` keeps the shared serving settings)."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def parse_stack(raw: Any) -> StackConfig:
+    """Validate `deepseek-spark:cluster` with optional `groups` and `router`; every problem in one
+    message, each naming its field. Without `groups` the value is one group, exactly as before."""
+    if not isinstance(raw, dict) or ("groups" not in raw and "router" not in raw):
+        return StackConfig((GroupEntry(None, parse_cluster(raw)),))
+    base = {k: v for k, v in raw.items() if k not in ("groups", "router")}
+    problems: list[str] = []
+    router = None
+    if raw.get("router") is not None:
+        try:
+            router = RouterConfig.model_validate(raw["router"])
+        except ValidationError as exc:
+            problems += _errors(exc, "cluster.router")
+    groups_raw = raw.get("groups")
+    if groups_raw is None:
+        groups_raw = [None]  # a router in front of the one group the top level describes
+    if not isinstance(groups_raw, list) or not groups_raw:
+        problems.append("cluster.groups: must be a list of groups, each `{name: a, nodes: [...]}` plus what differs")
+        raise ConfigError("invalid stack config:\n  " + "\n  ".join(problems))
+    if "groups" in raw and "nodes" in base:
+        problems.append("cluster.nodes: with `groups` every node belongs to a group; move the nodes into "
+                        "cluster.groups[i].nodes")  # fmt: skip
+    entries: list[GroupEntry] = []
+    for i, g in enumerate(groups_raw):
+        where = f"cluster.groups[{i}]"
+        if g is None:
+            try:
+                entries.append(GroupEntry(None, parse_cluster(base)))
+            except ConfigError as exc:
+                problems.append(str(exc).removeprefix("invalid stack config:\n  "))
+            continue
+        if not isinstance(g, dict):
+            problems.append(f"{where}: must be a mapping with `name` and `nodes`")
+            continue
+        name = g.get("name")
+        if not isinstance(name, str) or not GROUP_NAME.match(name):
+            problems.append(f"{where}.name: {name!r} must be 1-16 lowercase letters, digits or '-', e.g. a or tp4-b "
+                            "(it becomes part of container and resource names)")  # fmt: skip
+            continue
+        unknown = sorted(set(g) - {"name", *GROUP_FIELDS})
+        for key in unknown:
+            problems.append(f"{where}.{key}: not a per-group field; set it at the top level of cluster (per-group "
+                            f"fields: {', '.join(GROUP_FIELDS)})")  # fmt: skip
+        if unknown:
+            continue
+        try:
+            cfg = ClusterConfig.model_validate(_merge(base, {k: v for k, v in g.items() if k != "name"}))
+        except ValidationError as exc:
+            problems += _errors(exc, f"{where}({name})")
+            continue
+        entries.append(GroupEntry(name, cfg))
+    names = [e.name for e in entries if e.name]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"cluster.groups: the name {dup!r} is used twice; every group needs its own name")
+    if problems:
+        raise ConfigError("invalid stack config:\n  " + "\n  ".join(problems))
+    return StackConfig(tuple(entries), router)
 
 
 @dataclass(frozen=True)
@@ -285,11 +415,11 @@ class Settings:
     """Everything the program reads from the stack: validated cluster config plus secrets."""
 
     stack: str
-    cluster: ClusterConfig
+    config: StackConfig  # the groups (one for a stack without `groups`) and the router
     api_key: Any  # pulumi.Output[str], always secret
     ssh_private_key: Any  # pulumi.Output[str] (secret) or None: ssh-agent is used then
     hf_token: Any = None  # pulumi.Output[str] (secret) or None: for model.source: download
-    host_keys: tuple[str | None, ...] = ()  # per node: pinned for remote commands (None: not verified)
+    host_keys: tuple[tuple[str | None, ...], ...] = ()  # per group, per node: pinned for remote commands
 
 
 def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]]:
@@ -322,8 +452,12 @@ def load() -> Settings:
         value = json.loads(raw) if raw is not None else None
     except ValueError:  # `pulumi config set deepseek-spark:cluster '<text>'` stores text, not JSON
         raise ConfigError(PLAIN_STRING) from None
-    cluster = parse_cluster(value)
-    keys, problems = host_keys(cluster)
+    stack_config = parse_stack(value)
+    keys, problems = [], []
+    for entry in stack_config.groups:
+        group_keys, group_problems = host_keys(entry.cfg)
+        keys.append(group_keys)
+        problems += [p if entry.name is None else f"[group {entry.name}] {p}" for p in group_problems]
     if problems:
         raise ConfigError("remote commands cannot verify these nodes:\n  " + "\n  ".join(problems))
 
@@ -348,9 +482,9 @@ def load() -> Settings:
         optional[name] = pulumi.Output.secret(value) if value else None
     return Settings(
         stack=stack,
-        cluster=cluster,
+        config=stack_config,
         api_key=pulumi.Output.secret(key),
         ssh_private_key=optional[SSH_KEY],
         hf_token=optional[HF_TOKEN],
-        host_keys=keys,
+        host_keys=tuple(keys),
     )

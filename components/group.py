@@ -27,6 +27,9 @@ class GroupArgs:
     nodes: list[SparkNode]
     volumes: list[docker.Volume]  # the checkpoint volume on each node
     prerequisites: list[pulumi.Resource] = field(default_factory=list)  # on every node: what must exist first
+    # What must be done before this group may be taken down for a change: the previous group back in
+    # the router's rotation (a rolling change: one group at a time).
+    after: list[pulumi.Resource] = field(default_factory=list)
 
 
 def container_args(
@@ -125,7 +128,8 @@ def rank_container(
 
 
 def group_generation(
-    name: str, group: GroupPlan, key_file: remote.Command, prerequisites: list[pulumi.Resource], parent
+    name: str, group: GroupPlan, key_file: remote.Command, prerequisites: list[pulumi.Resource], parent,
+    after: list[pulumi.Resource] | None = None,
 ) -> local.Command:
     """The group's generation: one resource upstream of every rank, replaced whenever the group must
     restart (a new revision, or a new API key file). Being delete-before-replace, its replacement
@@ -142,8 +146,9 @@ def group_generation(
             parent=parent,
             # Its replacement must take the old ranks down before the new generation exists.
             delete_before_replace=True,
-            # Take the old group down only once every node is ready for the new one: shortest downtime.
-            depends_on=prerequisites,
+            # Take the old group down only once every node is ready for the new one (shortest downtime)
+            # and, behind a router, once the group before it is back in rotation (one group at a time).
+            depends_on=[*prerequisites, *(after or [])],
         ),
     )
 

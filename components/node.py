@@ -13,6 +13,19 @@ from pulumi_command import remote
 from .stackplan import NodePlan
 
 
+def connection(node: NodePlan, private_key: Optional[Any]) -> remote.ConnectionArgs:
+    """How remote commands reach `node` (ssh-agent when `private_key` is None)."""
+    return remote.ConnectionArgs(
+        host=node.host,
+        port=node.ssh_port,
+        user=node.ssh_user,
+        private_key=private_key,
+        # pulumi-command accepts any host key unless one is pinned: pin the one ssh trusts.
+        host_key=node.host_key,
+        dial_error_limit=4,
+    )
+
+
 @dataclass(frozen=True)
 class SparkNodeArgs:
     node: NodePlan
@@ -36,15 +49,7 @@ class SparkNode(pulumi.ComponentResource):
             ssh_opts=list(node.ssh_opts),
             opts=pulumi.ResourceOptions(parent=self),
         )
-        self.connection = remote.ConnectionArgs(
-            host=node.host,
-            port=node.ssh_port,
-            user=node.ssh_user,
-            private_key=args.private_key,
-            # pulumi-command accepts any host key unless one is pinned: pin the one ssh trusts.
-            host_key=node.host_key,
-            dial_error_limit=4,
-        )
+        self.connection = connection(node, args.private_key)
         self.preflight = remote.Command(
             f"{name}-preflight",
             connection=self.connection,

@@ -275,11 +275,12 @@ def head(cfg: ClusterConfig) -> NodeConfig:
     return cfg.nodes[0]
 
 
-def state_dir(cfg: ClusterConfig) -> str:
-    """Where the API key file lives on the head: root's /var/lib, or the ssh user's home (no sudo)."""
+def state_dir(cfg: ClusterConfig, user: str | None = None) -> str:
+    """Where the API key file lives on the head (or on the node of `user`): root's /var/lib, or the
+    ssh user's home (no sudo)."""
     if cfg.state_dir:
         return cfg.state_dir
-    user = head(cfg).ssh_user
+    user = user or head(cfg).ssh_user
     return "/var/lib/deepseek-spark" if user == "root" else f"/home/{user}/.local/state/deepseek-spark"
 
 
@@ -375,7 +376,9 @@ def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     return dict(sorted(env.items()))
 
 
-def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
+def sglang_args(cfg: ClusterConfig, rank: int, metrics: bool = False) -> list[str]:
+    """`metrics`: serve Prometheus /metrics (a group behind the router: its drain reads the running
+    and queued request gauges there before the group restarts)."""
     s = cfg.serving
     args = [
         "--model-path", MODEL_MOUNT,
@@ -402,6 +405,8 @@ def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
     ]  # fmt: skip
     if s.spec_algo != "off":
         args += ["--speculative-algorithm", s.spec_algo, "--speculative-dspark-block-size", str(s.dspark_block_size)]
+    if metrics and "--enable-metrics" not in s.extra_args:
+        args.append("--enable-metrics")
     return args + list(s.extra_args)
 
 
@@ -505,7 +510,7 @@ class RankSpec:
         return "head" if self.rank == 0 else "worker"
 
 
-def rank_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
+def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[RankSpec]:
     specs = []
     for rank, node in enumerate(cfg.nodes):
         mounts = [
@@ -521,7 +526,7 @@ def rank_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
                 container_name=container_name(stack, rank),
                 image=cfg.image,
                 entrypoint=["/bin/sh", "-c", launch_wrapper(), "sglang-launch"],
-                args=sglang_args(cfg, rank),
+                args=sglang_args(cfg, rank, metrics),
                 env=rank_env(cfg, rank),
                 mounts=mounts,
                 checkpoint=volume_options(cfg, rank),
@@ -590,8 +595,9 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
     return specs
 
 
-def group_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
-    return vllm_specs(cfg, stack) if cfg.engine == "vllm" else rank_specs(cfg, stack)
+def group_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[RankSpec]:
+    """`metrics`: the group is behind the router (vLLM serves /metrics anyway)."""
+    return vllm_specs(cfg, stack) if cfg.engine == "vllm" else rank_specs(cfg, stack, metrics)
 
 
 def _ignore_regex(pattern: str) -> re.Pattern[str]:

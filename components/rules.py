@@ -7,6 +7,7 @@ the program runs and the tests walk (every rule has a passing and a failing case
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections import Counter
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Callable
 
 from . import flags, plan
 from .shapes import read_only_problem
-from .config import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig
+from .config import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
 
 
 @dataclass(frozen=True)
@@ -477,4 +478,113 @@ def check(cfg: ClusterConfig, stack: str = "") -> tuple[list[Finding], list[Find
     findings = _engine_fields(cfg, stack)
     if not findings:
         findings = [f for _, fn in RULES for f in fn(cfg, stack)]
+    return [f for f in findings if f.level == "error"], [f for f in findings if f.level == "warning"]
+
+
+# ----------------------------------------------------------------- the stack: groups and the router
+StackRule = Callable[[StackConfig, str], list[Finding]]
+STACK_RULES: list[tuple[str, StackRule]] = []
+
+
+def stack_rule(name: str) -> Callable[[StackRule], StackRule]:
+    def register(fn: StackRule) -> StackRule:
+        STACK_RULES.append((name, fn))
+        return fn
+
+    return register
+
+
+def _where(sc: StackConfig, i: int) -> str:
+    name = sc.groups[i].name
+    return "" if name is None else f"groups[{i}]({name})."
+
+
+@stack_rule("node-in-one-group")
+def _one_group(sc: StackConfig, stack: str = "") -> list[Finding]:
+    out = []
+    for attr, label in (("name", "name"), ("host", "host"), ("fabric_ip", "fabricIp")):
+        owners: dict[str, int] = {}
+        for i, entry in enumerate(sc.groups):
+            for j, node in enumerate(entry.cfg.nodes):
+                value = getattr(node, attr)
+                if value in owners and owners[value] != i:
+                    out.append(Finding("node-in-one-group", f"{_where(sc, i)}nodes[{j}].{label}", value,
+                                       f"is also a node of group {sc.groups[owners[value]].name!r}: a Spark runs one "
+                                       "rank of one group", "give each group its own nodes"))  # fmt: skip
+                owners.setdefault(value, i)
+    return out
+
+
+@stack_rule("one-served-model")
+def _one_model(sc: StackConfig, stack: str = "") -> list[Finding]:
+    first = sc.groups[0].cfg.model.served_name
+    return [Finding("one-served-model", f"{_where(sc, i)}model.servedName", e.cfg.model.served_name,
+                    f"differs from group {sc.groups[0].name!r}'s {first!r}: the router sends any request to any group",
+                    "serve the same model name in every group")
+            for i, e in enumerate(sc.groups) if e.cfg.model.served_name != first]  # fmt: skip
+
+
+def router_group(sc: StackConfig) -> tuple[int, int] | None:
+    """(group index, node index) of the router's node, None when no group has it."""
+    if sc.router is None:
+        return None
+    for i, entry in enumerate(sc.groups):
+        for j, node in enumerate(entry.cfg.nodes):
+            if node.name == sc.router.node:
+                return i, j
+    return None
+
+
+@stack_rule("router-node")
+def _router_node(sc: StackConfig, stack: str = "") -> list[Finding]:
+    if sc.router is None or router_group(sc) is not None:
+        return []
+    names = [n.name for e in sc.groups for n in e.cfg.nodes]
+    return [Finding("router-node", "router.node", sc.router.node, "is not a node of any group",
+                    f"use one of {', '.join(names)}")]  # fmt: skip
+
+
+@stack_rule("router-port-free")
+def _router_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
+    where = router_group(sc)
+    if sc.router is None or where is None:
+        return []
+    r, cfg = sc.router, sc.groups[where[0]].cfg
+    node = cfg.nodes[where[1]]
+    taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
+             cfg.serving.port: "the group's serving.port"}  # fmt: skip
+    taken[cfg.serving.dist_port if cfg.engine == "sglang" else cfg.serving.ray_port] = (
+        "the group's serving.distPort" if cfg.engine == "sglang" else "the group's serving.rayPort"
+    )
+    fix = f"use the reference's router ports: port 8889, metricsPort 29000 (free on {node.name})"
+    out = [Finding("router-port-free", f"router.{label}", port, f"is {taken[port]} on {node.name}", fix)
+           for label, port in (("port", r.port), ("metricsPort", r.metrics_port)) if port in taken]  # fmt: skip
+    if r.port == r.metrics_port:
+        out.append(Finding("router-port-free", "router.metricsPort", r.metrics_port, "equals router.port", fix))
+    return out
+
+
+@stack_rule("router-image")
+def _router_image(sc: StackConfig, stack: str = "") -> list[Finding]:
+    where = router_group(sc)
+    if sc.router is None or where is None or sc.router.image is not None:
+        return []
+    cfg = sc.groups[where[0]].cfg
+    if cfg.engine == "sglang" and cfg.image_build is None:
+        return []
+    problem = (f"the router node {sc.router.node} runs vLLM, whose image has no sglang_router" if cfg.engine == "vllm"
+               else f"the image of {sc.router.node}'s group is built on the nodes (imageBuild), which the router "
+                    "does not wait for")  # fmt: skip
+    return [Finding("router-image", "router.image", None, problem,
+                    "set router.image to an image with sglang-router 0.3.2 that the node has or can pull, e.g. the "
+                    "SGLang image lmsysorg/sglang:dev-dsv41")]  # fmt: skip
+
+
+def check_stack(sc: StackConfig, stack: str = "") -> tuple[list[Finding], list[Finding]]:
+    """Every group's rules (findings named by group) and the stack's own; returns (errors, warnings)."""
+    findings: list[Finding] = []
+    for i, entry in enumerate(sc.groups):
+        errors, warnings = check(entry.cfg, entry.plan_name(stack))
+        findings += [dataclasses.replace(f, field=_where(sc, i) + f.field) for f in errors + warnings]
+    findings += [f for _, fn in STACK_RULES for f in fn(sc, stack)]
     return [f for f in findings if f.level == "error"], [f for f in findings if f.level == "warning"]

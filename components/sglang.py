@@ -27,7 +27,7 @@ class SglangGroup(pulumi.ComponentResource):
         self.revision = args.group.revision
         self.api_key_file = api_key_file(f"{name}-api-key", args.group, args.api_key, args.nodes[0], self)
         self.generation = group_generation(
-            f"{name}-generation", args.group, self.api_key_file, args.prerequisites, self
+            f"{name}-generation", args.group, self.api_key_file, args.prerequisites, self, args.after
         )
         self.ranks: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them

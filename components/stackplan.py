@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from . import commands, plan
-from .config import ClusterConfig, ImageBuildConfig
+from . import commands, plan, routing
+from .config import ClusterConfig, ImageBuildConfig, StackConfig
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,50 @@ class StackPlan:
     group: GroupPlan
     readiness: ReadinessPlan
     memory: plan.MemoryPlan
+    name: Optional[str] = None  # the group's name in a stack with `groups`; None: the stack is one group
+
+    @property
+    def group_name(self) -> str:
+        return self.name or self.stack
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    """A group's place in the router's rotation (local commands, where Pulumi runs)."""
+
+    worker: str  # the group's rank-0 URL
+    add: str
+    remove: str
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    node: NodePlan  # where the router container runs
+    group: str  # the group that node belongs to
+    spec: routing.RouterSpec
+    key_file_create: str
+    key_file_delete: str
+    url: str  # http://host:port
+    endpoint: str  # url + /v1: the stack's endpoint
+    readiness: ReadinessPlan  # one answer through the router
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """The whole stack: its groups (one for a stack without `groups`), and the router in front of them."""
+
+    stack: str
+    groups: tuple[StackPlan, ...]
+    router: Optional[RouterPlan]
+    members: tuple[Optional[MemberPlan], ...]  # per group; None without a router
+
+    @property
+    def endpoint(self) -> str:
+        return self.router.endpoint if self.router else self.groups[0].endpoint
+
+    @property
+    def model(self) -> str:
+        return self.groups[0].model
 
 
 def _download(cfg: ClusterConfig, stack: str, rank: int) -> Optional[DownloadPlan]:
@@ -124,9 +168,14 @@ def _shard(cfg: ClusterConfig, stack: str, rank: int) -> Optional[ShardPlan]:
     )
 
 
-def build(cfg: ClusterConfig, stack: str, host_keys: tuple[Optional[str], ...] = ()) -> StackPlan:
-    """The whole plan of `stack` from its validated config (and the host keys config.load found)."""
-    specs = tuple(plan.group_specs(cfg, stack))
+def build(
+    cfg: ClusterConfig, stack: str, host_keys: tuple[Optional[str], ...] = (), group: Optional[str] = None,
+    routed: bool = False,
+) -> StackPlan:
+    """The whole plan of one group from its validated config (and the host keys config.load found).
+    `stack` is the name its resources carry (the stack's, or `<stack>-<group>`); `routed`: behind the
+    router (SGLang then serves /metrics, which the drain reads)."""
+    specs = tuple(plan.group_specs(cfg, stack, metrics=routed))
     revision = plan.group_revision(list(specs), plan.image_build_digest(cfg))
     ssh_opts = tuple(commands.ssh_opts(cfg))
     nodes = tuple(
@@ -171,4 +220,44 @@ def build(cfg: ClusterConfig, stack: str, host_keys: tuple[Optional[str], ...] =
         ),
         readiness=ReadinessPlan(commands.readiness(cfg, stack), cfg.readiness.timeout_seconds // 60 + 5),
         memory=plan.memory_plan(cfg),
+        name=group,
     )
+
+
+def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str], ...], ...] = ()) -> ClusterPlan:
+    """The plan of every group of the stack and of its router (rules.check_stack passed)."""
+    routed = sc.router is not None
+    groups = tuple(
+        build(e.cfg, e.plan_name(stack), host_keys[i] if i < len(host_keys) else (), e.name, routed)
+        for i, e in enumerate(sc.groups)
+    )
+    if sc.router is None:
+        return ClusterPlan(stack, groups, None, tuple(None for _ in groups))
+    r = sc.router
+    gi, ni = next((i, j) for i, e in enumerate(sc.groups) for j, n in enumerate(e.cfg.nodes) if n.name == r.node)
+    cfg, node = sc.groups[gi].cfg, groups[gi].nodes[ni]
+    workers = [routing.worker_url(e.cfg.nodes[0].host, e.cfg.serving.port) for e in sc.groups]
+    key_path = commands.router_key_path(cfg, node.ssh_user, stack)
+    url = routing.worker_url(node.host, r.port)
+    readiness = ReadinessPlan(
+        commands.readiness(cfg, stack, url=url + "/v1"), cfg.readiness.timeout_seconds // 60 + 5
+    )
+    router = RouterPlan(
+        node=node,
+        group=groups[gi].group_name,
+        spec=routing.router_spec(r, stack, r.image or cfg.image, key_path, workers),
+        key_file_create=commands.secret_file_create(key_path, commands.router_key_sudo(cfg, node.ssh_user)),
+        key_file_delete=f"{commands.router_key_sudo(cfg, node.ssh_user)}rm -f {commands.q(key_path)}\n",
+        url=url,
+        endpoint=url + "/v1",
+        readiness=readiness,
+    )
+    members = tuple(
+        MemberPlan(
+            worker=w,
+            add=routing.member_add(url, w, e.cfg.readiness.timeout_seconds),
+            remove=routing.member_remove(url, w, e.cfg.engine, r.drain_timeout_seconds),
+        )
+        for e, w in zip(sc.groups, workers)
+    )
+    return ClusterPlan(stack, groups, router, members)

@@ -27,7 +27,7 @@ class VllmRayGroup(pulumi.ComponentResource):
         self.revision = args.group.revision
         self.api_key_file = api_key_file(f"{name}-api-key", args.group, args.api_key, args.nodes[0], self)
         self.generation = group_generation(
-            f"{name}-generation", args.group, self.api_key_file, args.prerequisites, self
+            f"{name}-generation", args.group, self.api_key_file, args.prerequisites, self, args.after
         )
         self.ranks: list[docker.Container] = []
         for spec in specs:  # head first: every worker joins its Ray head (head created first, deleted last)

@@ -1,0 +1,68 @@
+"""The whole stack from its plan: the router (when there is one), then every group in order, each
+one's restart waiting for the group before it to be back in the router's rotation, and the stack
+outputs. A stack without `groups` is one DeepSeekCluster named after the stack, exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from .cluster import DeepSeekCluster, DeepSeekClusterArgs, client_config
+from .readiness import Readiness, ReadinessArgs
+from .router import Router, RouterArgs
+from .stackplan import ClusterPlan
+
+
+def group_output(sp, cluster: DeepSeekCluster) -> dict[str, Any]:
+    """One entry of the `groups` output: the group's own endpoint, nodes and revision."""
+    return {
+        "name": sp.group_name,
+        "endpoint": sp.endpoint,
+        "engine": sp.engine,
+        "tpSize": len(sp.nodes),
+        "nodes": [n.name for n in sp.nodes],
+        "revision": sp.revision,
+    }
+
+
+def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token: Any = None) -> dict[str, Any]:
+    """Register every resource of the stack; returns the stack outputs by name."""
+    router = Router(f"{cp.stack}-router", RouterArgs(cp.router, api_key, ssh_private_key)) if cp.router else None
+    clusters: list[DeepSeekCluster] = []
+    after: list[pulumi.Resource] = []
+    for sp, member in zip(cp.groups, cp.members):
+        cluster = DeepSeekCluster(
+            sp.stack, DeepSeekClusterArgs(sp, api_key, ssh_private_key, hf_token, router, member, after)
+        )
+        clusters.append(cluster)
+        # Rolling: the next group goes down only once this one is back in the router's rotation.
+        after = [cluster.member] if cluster.member is not None else []
+
+    outputs: dict[str, Any] = {"endpoint": cp.endpoint, "model": cp.model, "api_key": api_key}
+    if len(clusters) == 1:
+        only = clusters[0]
+        outputs.update(nodes=only.node_outputs, memory_plan=only.memory_plan, group_revision=only.group_revision)
+    else:
+        outputs["nodes"] = [{**n, "group": sp.group_name} for sp, c in zip(cp.groups, clusters) for n in c.node_outputs]
+        outputs["memory_plan"] = {sp.group_name: c.memory_plan for sp, c in zip(cp.groups, clusters)}
+    outputs["groups"] = [group_output(sp, c) for sp, c in zip(cp.groups, clusters)]
+
+    if router is None:
+        outputs["client_config"] = clusters[0].client_config
+        return outputs
+    members = [c.member for c in clusters if c.member is not None]
+    ready = Readiness(f"{cp.stack}-router-readiness", ReadinessArgs(cp.router.readiness, api_key, members))
+    outputs["router"] = {
+        "node": cp.router.node.name,
+        "group": cp.router.group,
+        "endpoint": cp.router.endpoint,
+        "container": cp.router.spec.container_name,
+        "workers": [m.worker for m in cp.members if m is not None],
+    }
+    # Resolves once an answer came back through the router: only ever handed out for a working endpoint.
+    outputs["client_config"] = pulumi.Output.secret(
+        pulumi.Output.all(ready.ready, api_key).apply(lambda v: client_config(cp.endpoint, cp.model, v[1]))
+    )
+    return outputs

@@ -1,0 +1,119 @@
+"""Router: one endpoint in front of several serving groups (the SGLang router, see routing.py).
+
+The router container runs on one node of a group, with its own docker provider and ssh connection
+to that node (it is created before the groups, whose memberships depend on it). Each group joins
+the rotation through `router_member`: a local command that adds the group's rank 0 once the group
+answered, and on its way out takes it out of rotation and waits for its requests to finish. It sits
+downstream of the group's readiness (its triggers hold the check's ID), so when a group restarts
+the engine deletes the membership first (out of rotation, drained), then the ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import local, remote
+
+from . import plan, routing
+from .node import connection
+from .stackplan import MemberPlan, RouterPlan
+
+
+@dataclass(frozen=True)
+class RouterArgs:
+    plan: RouterPlan
+    api_key: Any  # secret Output[str]
+    private_key: Any = None  # secret Output[str]; ssh-agent when None
+
+
+class Router(pulumi.ComponentResource):
+    """`container`: the router on its node; `api_key_file`: its copy of the key, mounted read-only."""
+
+    def __init__(self, name: str, args: RouterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("deepseek-spark:index:Router", name, None, opts)
+        rp, spec = args.plan, args.plan.spec
+        child = pulumi.ResourceOptions(parent=self)
+        self.docker = docker.Provider(
+            f"{name}-docker", host=rp.node.docker_host, ssh_opts=list(rp.node.ssh_opts), opts=child
+        )
+        self.image = docker.RemoteImage(
+            f"{name}-image",
+            name=spec.image,
+            # The image is the SGLang image the node's group runs too: never remove it on destroy.
+            keep_locally=True,
+            opts=pulumi.ResourceOptions(parent=self, provider=self.docker),
+        )
+        self.api_key_file = remote.Command(
+            f"{name}-api-key",
+            connection=connection(rp.node, args.private_key),
+            create=rp.key_file_create,
+            delete=rp.key_file_delete,
+            stdin=args.api_key,
+            triggers=[args.api_key, spec.key_file],
+            logging=remote.Logging.NONE,
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # create and delete touch the same file: delete the old one before writing the new.
+                delete_before_replace=True,
+            ),
+        )
+        self.container = docker.Container(
+            f"{name}-container",
+            name=spec.container_name,
+            image=spec.image,
+            entrypoints=spec.entrypoint,
+            command=spec.args,
+            # The key file's ID: a new key replaces the router (it reads the key only when it starts).
+            labels=[
+                docker.ContainerLabelArgs(label=k, value=v)
+                for k, v in sorted({**spec.labels, "deepseek-spark.key-file": self.api_key_file.id}.items())
+            ],
+            network_mode=spec.network_mode,
+            mounts=[
+                docker.ContainerMountArgs(
+                    target=plan.API_KEY_MOUNT, source=spec.key_file, type="bind", read_only=True
+                )
+            ],
+            restart=spec.restart,
+            must_run=True,
+            wait=False,
+            destroy_grace_seconds=30,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=self.docker,
+                # Fixed container name and port: the old router must be gone before the new one starts.
+                delete_before_replace=True,
+                # The image must be on the node and the key file written before the router starts.
+                depends_on=[self.image, self.api_key_file],
+                # A router a refresh found stopped is replaced, not started again in place (as ranks are).
+                replace_on_changes=["mustRun"],
+            ),
+        )
+        self.register_outputs({"endpoint": rp.endpoint, "container": self.container.name})
+
+
+def router_member(
+    name: str, member: MemberPlan, api_key: Any, readiness: pulumi.Resource, router: Router, parent: pulumi.Resource
+) -> local.Command:
+    """The group's place in the router's rotation: added once the group answered; removed (and its
+    requests drained) before anything of the group goes down."""
+    return local.Command(
+        name,
+        create=member.add,
+        delete=member.remove,
+        environment={routing.KEY_ENV: api_key},
+        # A new group (its readiness re-ran) or a new router: join again.
+        triggers=[readiness.id, router.container.id],
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            # add and remove name the same worker: leave the rotation before joining it again.
+            delete_before_replace=True,
+            # Join only a router that runs, with a group that answered.
+            depends_on=[readiness, router.container],
+        ),
+    )
