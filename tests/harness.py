@@ -209,13 +209,19 @@ def with_known_hosts(cluster) -> Any:
     """Like a user's machine that has ssh'd to the nodes: a known_hosts file holding every node's key
     (set as ssh.knownHostsFile when the cluster names none, or names one that does not exist here,
     like the simulated cluster's before `sim create`), so the program can pin host keys."""
-    if not isinstance(cluster, dict) or not isinstance(cluster.get("nodes"), list):
+    if not isinstance(cluster, dict):
+        return cluster
+    nodes = list(cluster.get("nodes") or []) if isinstance(cluster.get("nodes"), list) else []
+    for group in cluster.get("groups") or [] if isinstance(cluster.get("groups"), list) else []:
+        if isinstance(group, dict) and isinstance(group.get("nodes"), list):
+            nodes += group["nodes"]
+    if not nodes:
         return cluster
     ssh = cluster.get("ssh") if isinstance(cluster.get("ssh"), dict) else {}
     if isinstance(ssh.get("knownHostsFile"), str) and Path(ssh["knownHostsFile"]).expanduser().exists():
         return cluster
     lines = []
-    for node in cluster["nodes"]:
+    for node in nodes:
         if isinstance(node, dict) and isinstance(node.get("host"), str):
             port = node.get("sshPort", 22)
             name = node["host"] if port == 22 else f"[{node['host']}]:{port}"

@@ -1,0 +1,217 @@
+"""__main__.py under Pulumi mocks for stacks with several groups behind the router (tp4x2, sim-x2):
+the router, each group's membership, the rolling order in the graph, the outputs; and the one-group
+stacks, which must plan exactly as before (no router, same resource names)."""
+
+import copy
+import json
+
+import pulumi
+import pytest
+
+from harness import TEST_API_KEY, Secret, cluster_of, plain_strings, reveal, run_program
+
+CONTAINER = "docker:index/container:Container"
+LOCAL = "command:local:Command"
+REMOTE = "command:remote:Command"
+GROUP_STACKS = ["tp4x2", "sim-x2"]
+
+
+@pytest.fixture(scope="module", params=GROUP_STACKS)
+def stack(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def rec(stack):
+    return run_program(stack)
+
+
+def labels_of(res) -> dict:
+    return {lab["label"]: lab["value"] for lab in reveal(res.inputs)["labels"]}
+
+
+def group_ranks(rec, stack, group):
+    return sorted(
+        (r for r in rec.of_type(CONTAINER) if labels_of(r).get("deepseek-spark.stack") == f"{stack}-{group}"),
+        key=lambda r: int(labels_of(r)["deepseek-spark.rank"]),
+    )
+
+
+def test_router_runs_sglang_router_with_every_group_as_a_worker(rec, stack):
+    router = rec.named(f"{stack}-router-container")
+    args = router.inputs["command"]
+    heads = [g["endpoint"].removesuffix("/v1") for g in rec.outputs["groups"]]
+    assert args[args.index("--worker-urls") + 1 :] == heads and len(heads) == 2
+    assert args[args.index("--policy") + 1] == "round_robin"
+    assert args[args.index("--port") + 1] == "8889" and args[args.index("--prometheus-port") + 1] == "29000"
+    assert args[args.index("--request-timeout-secs") + 1] == "1800"
+    script = router.inputs["entrypoints"][2]
+    assert "sglang_router.launch_router" in script and '--api-key "$(cat /run/secrets/dspark-api-key)"' in script
+    assert router.inputs["networkMode"] == "host" and router.inputs["restart"] == "unless-stopped"
+    assert router.delete_before_replace and "mustRun" in router.replace_on_changes
+    mount = router.inputs["mounts"][0]
+    assert mount["target"] == "/run/secrets/dspark-api-key" and mount["readOnly"] is True
+    key_file = rec.named(f"{stack}-router-api-key")
+    assert key_file.inputs["create"].count(mount["source"]) >= 1 and reveal(key_file.inputs["stdin"]) == TEST_API_KEY
+    # The router is on its node's docker engine, through its own provider.
+    node = rec.outputs["router"]["node"]
+    host = next(n["host"] for n in rec.outputs["nodes"] if n["name"] == node)
+    assert rec.named(f"{stack}-router-docker").inputs["host"].endswith(f"@{host}")
+
+
+def test_the_key_never_reaches_router_args_labels_or_outputs(rec):
+    for res in rec.resources:
+        for text in plain_strings(res.inputs):
+            assert TEST_API_KEY not in text, f"API key in plain input of {res.name}"
+    for name, value in rec.outputs.items():
+        for text in plain_strings(value):
+            assert TEST_API_KEY not in text, f"API key in plain output {name}"
+    assert isinstance(rec.outputs["client_config"], Secret)
+
+
+def test_group_b_goes_down_only_after_group_a_is_back_in_rotation(rec, stack):
+    member_a = rec.named(f"{stack}-a-router-member")
+    gen_a, gen_b = rec.named(f"{stack}-a-sglang-generation"), rec.named(f"{stack}-b-sglang-generation")
+    assert member_a.urn in gen_b.dependencies
+    assert not any("-b-" in short for short in (d.rsplit("::", 1)[-1] for d in gen_a.dependencies))
+    # Only a dependsOn edge: replacing group a must not replace (take down) group b.
+    assert all(member_a.urn not in deps for deps in gen_b.property_dependencies.values())
+
+
+def test_membership_leaves_the_rotation_before_its_group_stops(rec, stack):
+    for group in ("a", "b"):
+        member = rec.named(f"{stack}-{group}-router-member")
+        check = rec.named(f"{stack}-{group}-readiness-check")
+        router = rec.named(f"{stack}-router-container")
+        # Triggers from the readiness check: a restarted group deletes the membership first.
+        assert check.urn in member.property_dependencies["triggers"]
+        assert router.urn in member.property_dependencies["triggers"]
+        assert member.delete_before_replace
+        worker = next(g for g in rec.outputs["groups"] if g["name"] == group)["endpoint"].removesuffix("/v1")
+        assert member.inputs["create"].startswith("python3 -m components.membership add")
+        assert f"--worker {worker}" in member.inputs["create"] and f"--worker {worker}" in member.inputs["delete"]
+        assert "--drain-timeout" in member.inputs["delete"] and "--engine sglang" in member.inputs["delete"]
+        assert reveal(member.inputs["environment"])["DSPARK_API_KEY"] == TEST_API_KEY
+
+
+def test_routed_sglang_groups_serve_metrics_for_the_drain(rec, stack):
+    for group in ("a", "b"):
+        ranks = group_ranks(rec, stack, group)
+        assert len(ranks) == 4 if stack == "tp4x2" else 2
+        for r in ranks:
+            assert "--enable-metrics" in r.inputs["command"]
+
+
+def test_outputs_point_clients_at_the_router(rec, stack):
+    out = rec.outputs
+    router = out["router"]
+    assert out["endpoint"] == router["endpoint"] and router["endpoint"].endswith(":8889/v1")
+    assert out["client_config"].value["base_url"] == router["endpoint"]
+    assert [g["name"] for g in out["groups"]] == ["a", "b"]
+    a, b = out["groups"]
+    assert set(a["nodes"]).isdisjoint(b["nodes"]) and a["revision"] != b["revision"]
+    assert {n["group"] for n in out["nodes"]} == {"a", "b"}
+    assert set(out["memory_plan"]) == {"a", "b"} and "group_revision" not in out
+    ready = rec.named(f"{stack}-router-readiness-check")
+    assert "--url " + router["endpoint"] in ready.inputs["create"] and "--rank" not in ready.inputs["create"]
+    assert {rec.named(f"{stack}-a-router-member").urn, rec.named(f"{stack}-b-router-member").urn} <= set(
+        ready.dependencies
+    )
+
+
+def test_group_resources_carry_the_group_in_their_names(rec, stack):
+    names = {labels_of(r)["deepseek-spark.stack"] for r in rec.of_type(CONTAINER)}
+    assert names == {stack, f"{stack}-a", f"{stack}-b"}  # the router, then each group's ranks
+    containers = {r.inputs["name"] for r in rec.of_type(CONTAINER)}
+    assert f"{stack}-a-rank0" in containers and f"{stack}-b-rank0" in containers and f"{stack}-router" in containers
+
+
+def test_one_group_stacks_have_no_router_and_keep_their_names():
+    rec = run_program("tp4")
+    assert not [r for r in rec.resources if "router" in r.name]
+    assert {r.inputs["name"] for r in rec.of_type(CONTAINER)} == {f"tp4-rank{i}" for i in range(4)}
+    assert rec.named("tp4-sglang-generation") and rec.named("tp4-readiness-check")
+    assert all("--enable-metrics" not in r.inputs["command"] for r in rec.of_type(CONTAINER))
+    assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision",
+                                "groups", "client_config"}  # fmt: skip
+    assert rec.outputs["groups"][0]["name"] == "tp4" and rec.outputs["groups"][0]["revision"] == rec.outputs[
+        "group_revision"
+    ]
+
+
+def test_a_change_to_one_group_changes_only_its_revision():
+    base = run_program("tp4x2").outputs["groups"]
+    raw = cluster_of("tp4x2")
+    raw["groups"][1]["serving"] = {"maxRunningRequests": 4}
+    changed = run_program("tp4x2", cluster=raw).outputs["groups"]
+    assert changed[0]["revision"] == base[0]["revision"] and changed[1]["revision"] != base[1]["revision"]
+    raw = cluster_of("tp4x2")
+    raw["serving"]["maxRunningRequests"] = 4  # the shared block: both groups
+    both = run_program("tp4x2", cluster=raw).outputs["groups"]
+    assert all(n["revision"] != o["revision"] for n, o in zip(both, base))
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda r: r["groups"][1]["nodes"].__setitem__(0, dict(r["groups"][0]["nodes"][0])),
+         "cluster.groups[1](b).nodes[0].name = 'spark1': is also a node of group 'a'"),
+        (lambda r: r["router"].__setitem__("node", "spark9"), "cluster.router.node = 'spark9': is not a node"),
+        (lambda r: r["router"].__setitem__("port", 8888), "cluster.router.port = 8888: is the group's serving.port on spark1"),
+        (lambda r: r["router"].__setitem__("metricsPort", 20000),
+         "cluster.router.metricsPort = 20000: is the group's serving.distPort on spark1"),
+        (lambda r: r["groups"][1].__setitem__("model", {"servedName": "other"}),
+         "cluster.groups[1](b).model.servedName = 'other': differs from group 'a'"),
+        (lambda r: r["groups"][1].__setitem__("serving", {"tpSize": 3}),
+         "cluster.groups[1](b).serving.tpSize = 3: 4 nodes are listed"),
+        (lambda r: r.__setitem__("imageBuild", {"context": "sim/overlay"}), "cluster.router.image = None: the image of spark1's group is built"),
+    ],
+)  # fmt: skip
+def test_bad_group_config_names_the_field_and_registers_nothing(change, expected):
+    raw = cluster_of("tp4x2")
+    change(raw)
+    with pytest.raises(pulumi.RunError) as err:
+        run_program("tp4x2", cluster=raw)
+    assert expected in str(err.value), str(err.value)
+    assert "fix:" in str(err.value)
+    assert pulumi.runtime.settings.SETTINGS.monitor.recording.resources == []
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda r: r["groups"][0].__setitem__("ssh", {}), "cluster.groups[0].ssh: not a per-group field"),
+        (lambda r: r["groups"][1].__setitem__("name", "B"), "cluster.groups[1].name: 'B' must be"),
+        (lambda r: r["groups"][1].__setitem__("name", "a"), "the name 'a' is used twice"),
+        (lambda r: r.__setitem__("nodes", r["groups"][0]["nodes"]), "cluster.nodes: with `groups` every node"),
+        (lambda r: r["router"].__setitem__("policy", "fastest"), "cluster.router.policy: Input should be"),
+    ],
+)  # fmt: skip
+def test_bad_group_shapes_are_refused_at_parse(change, expected):
+    raw = cluster_of("tp4x2")
+    change(raw)
+    with pytest.raises(pulumi.RunError) as err:
+        run_program("tp4x2", cluster=raw)
+    assert expected in str(err.value), str(err.value)
+
+
+def test_a_router_in_front_of_one_group():
+    raw = cluster_of("tp4")
+    raw["router"] = {"node": "spark1", "port": 8889}
+    rec = run_program("tp4", cluster=raw)
+    assert rec.outputs["endpoint"] == "http://10.0.0.1:8889/v1"
+    assert rec.named("tp4-router-container").inputs["command"][-2:] == ["--worker-urls", "http://10.0.0.1:8888"]
+    assert rec.named("tp4-router-member") and {r.inputs["name"] for r in rec.of_type(CONTAINER)} >= {"tp4-rank0"}
+
+
+def test_vllm_groups_behind_the_router_need_an_image_with_it():
+    raw = copy.deepcopy(cluster_of("tp2"))
+    raw["router"] = {"node": "spark1"}
+    with pytest.raises(pulumi.RunError, match=r"cluster.router.image = None: the router node spark1 runs vLLM"):
+        run_program("tp2", cluster=raw)
+    raw["router"]["image"] = "lmsysorg/sglang:dev-dsv41"
+    rec = run_program("tp2", cluster=raw)
+    member = rec.named("tp2-router-member")
+    assert "--engine vllm" in member.inputs["delete"]
+    assert rec.named("tp2-router-container").inputs["image"] == "lmsysorg/sglang:dev-dsv41"
+    assert json.dumps(rec.outputs["router"]).count("8000") == 1  # the vLLM head's port as the worker
