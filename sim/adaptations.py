@@ -40,7 +40,9 @@ ADAPTATIONS: list[Adaptation] = [
                "rlimits cannot be raised on the test machine (no CAP_SYS_RESOURCE)", "sim/assets/node/sim-runc"),
     Adaptation("engine is the sglang-sim TEST DOUBLE (image sglang-sim:test-double): same flags, rank "
                "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model: a fixed answer, streamed "
-               "at 100 tokens/s (max_tokens of filler with ignore_eos/min_tokens), so bench figures are the double's",
+               "at 100 tokens/s (max_tokens of filler with ignore_eos/min_tokens), so bench figures are the double's; "
+               "/metrics (sglang: with --enable-metrics; vllm: always) has only the running/waiting request gauges "
+               "(waiting is always 0: the doubles never queue)",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
     Adaptation("engine vllm runs REAL Ray (PyPI wheel ray==2.49.2, x86_64, installed in image vllm-sim:test-double) "
                "with the vllm-sim TEST DOUBLE as `vllm serve`: it checks the real cluster's alive nodes and GPUs "

@@ -7,7 +7,12 @@
   (SGLang: everything but ``/health*``; vLLM: only paths starting with ``/v1``);
 * ``pre_route(handler, method, path) -> bool``: engine routes tried first (``/health``, readiness);
   return True when it answered;
-* ``check_model``: reject a request naming an unknown model with vLLM's 404 error shape.
+* ``check_model``: reject a request naming an unknown model with vLLM's 404 error shape;
+* ``metrics``: the engine's Prometheus gauges (``Metrics``): when set, ``GET /metrics`` serves the
+  number of requests being generated (streams included) and waiting, exact under concurrency
+  (``InFlight``: counted from the moment a valid request starts generating until its response or
+  stream is written, or the client went away). Unset: ``/metrics`` is 404, like SGLang without
+  ``--enable-metrics``.
 
 Every log line goes through :func:`emit` (one whole line per event, never interleaved).
 """
@@ -58,6 +63,53 @@ def message_text(messages) -> str:
     return "\n".join(parts)
 
 
+class InFlight:
+    """Requests being generated right now (thread-safe; one per server)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = 0
+
+    def __enter__(self) -> "InFlight":
+        with self._lock:
+            self._running += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._running -= 1
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return self._running
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Prometheus gauge names and help texts of one engine; the label is ``model_name``."""
+    running: str
+    running_help: str
+    waiting: str
+    waiting_help: str
+
+
+SGLANG_METRICS = Metrics("sglang:num_running_reqs", "The number of running requests.",
+                         "sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+VLLM_METRICS = Metrics("vllm:num_requests_running", "Number of requests in model execution batches.",
+                       "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def prometheus_text(m: Metrics, model_name: str, running: int, waiting: int = 0) -> str:
+    """Prometheus text exposition (format 0.0.4) of the two gauges, as prometheus_client writes them."""
+    label = model_name.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    out = []
+    for name, help_text, value in ((m.running, m.running_help, running), (m.waiting, m.waiting_help, waiting)):
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f'{name}{{model_name="{label}"}} {float(value)}']
+    return "\n".join(out) + "\n"
+
+
 @dataclass
 class Api:
     engine: str                                   # "sglang" | "vllm"
@@ -72,6 +124,8 @@ class Api:
     debug: bool = False
     owned_by: str = ""
     extra_model_fields: dict = field(default_factory=dict)
+    metrics: Metrics | None = None                # None: no /metrics route (404)
+    inflight: InFlight = field(default_factory=InFlight)
 
 
 def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
@@ -89,6 +143,14 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             body = json.dumps(obj).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def send_text(self, code: int, text: str, content_type: str) -> None:
+            body = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -116,6 +178,9 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                     for name in api.model_names]})
             if path == "/v1/chat/completions" and method == "POST":
                 return self._chat()
+            if path == "/metrics" and method == "GET" and api.metrics:
+                return self.send_text(200, prometheus_text(api.metrics, api.model_names[0], api.inflight.running),
+                                      PROMETHEUS_CONTENT_TYPE)
             return self.send_json(404, {"error": f"no route {method} {path}"})
 
         def _chat(self) -> None:
@@ -139,6 +204,15 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                      "total_tokens": 0}
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             cid, created = "chatcmpl-sim-" + uuid.uuid4().hex[:16], int(time.time())
+            with api.inflight:  # generating: counted until the answer is written or the client is gone
+                try:
+                    self._answer(req, model, answer, usage, cid, created)
+                except ConnectionError:  # broken pipe / reset: the client disconnected
+                    self.close_connection = True
+                    if api.debug:
+                        api.log(f"client went away during {cid}")
+
+        def _answer(self, req: dict, model: str, answer: str, usage: dict, cid: str, created: int) -> None:
             if not req.get("stream"):
                 return self.send_json(200, {
                     "id": cid, "object": "chat.completion", "created": created, "model": model,

@@ -6,8 +6,11 @@ When all ``--nnodes`` ranks joined, rank 0 answers ``FORMED`` to everyone. Both 
 exchange ``PING`` heartbeats; if any rank disappears after formation every rank exits non-zero.
 
 HTTP (``--host:--port``): rank 0 serves ``/health`` (503 until formed), ``/v1/models`` and
-``/v1/chat/completions`` (non-streaming and SSE). With ``--api-key`` every path except those
-starting with ``/health`` needs ``Authorization: Bearer <key>``. Workers serve a dummy ``/health``.
+``/v1/chat/completions`` (non-streaming and SSE), and with ``--enable-metrics`` ``/metrics`` (Prometheus
+text: ``sglang:num_running_reqs`` = requests being generated, streams included, and
+``sglang:num_queue_reqs`` = 0, labelled ``model_name``; without the flag 404, as SGLang). With
+``--api-key`` every path except those starting with ``/health`` or ``/metrics`` needs
+``Authorization: Bearer <key>`` (SGLang's API-key middleware exempts both). Workers serve a dummy ``/health``.
 """
 from __future__ import annotations
 
@@ -184,8 +187,9 @@ def make_handler(args, group: Group, engine: str):
     return openai_api.make_handler(openai_api.Api(
         engine=engine, model_names=[args.served_model_name or args.model_path or "default"],
         root=args.model_path, max_model_len=int(args.context_length or 0) or None, api_key=args.api_key,
-        guarded=lambda path: not path.startswith("/health"), pre_route=pre_route, log=group.log,
-        debug=(args.log_level or "").lower() == "debug"))
+        guarded=lambda path: not path.startswith(("/health", "/metrics")), pre_route=pre_route, log=group.log,
+        debug=(args.log_level or "").lower() == "debug",
+        metrics=openai_api.SGLANG_METRICS if args.enable_metrics else None))
 
 
 def main(argv: list[str] | None = None, engine: str = "sglang") -> int:

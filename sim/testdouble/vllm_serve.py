@@ -12,7 +12,9 @@
    created: nothing runs on the ranks).
 4. HTTP on ``--host:--port`` (only once the executor is up, as vLLM): ``/health`` and ``/ping`` 200
    with an empty body, ``/version``, ``/v1/models``, ``/v1/chat/completions`` (shared with the SGLang
-   double: ``openai_api``). API key: ``--api-key`` or ``$VLLM_API_KEY``; when set, only paths starting
+   double: ``openai_api``), ``/metrics`` (always, as vLLM: Prometheus text with
+   ``vllm:num_requests_running`` = requests being generated, streams included, and
+   ``vllm:num_requests_waiting`` = 0, labelled ``model_name`` = the first served name). API key: ``--api-key`` or ``$VLLM_API_KEY``; when set, only paths starting
    with ``/v1`` need ``Authorization: Bearer <key>`` (401 ``{"error": "Unauthorized"}``), as in vLLM.
 5. Ray executor: every ``DSPARK_VLLM_RAY_POLL_S`` (2 s) the double re-reads ``ray.nodes()``; if a
    node hosting a rank is no longer alive, or the head is unreachable, it logs which one and exits 1.
@@ -172,7 +174,7 @@ def serve(args) -> int:
     handler = openai_api.make_handler(openai_api.Api(
         engine="vllm", model_names=names, root=args.model, max_model_len=args.max_model_len, api_key=api_key,
         guarded=lambda path: path.startswith("/v1"), pre_route=pre_route, check_model=True, log=log,
-        debug=args.uvicorn_log_level in ("debug", "trace")))
+        debug=args.uvicorn_log_level in ("debug", "trace"), metrics=openai_api.VLLM_METRICS))
     try:
         httpd = ThreadingHTTPServer((args.host, args.port), handler)
     except OSError as e:
