@@ -5,7 +5,8 @@ never printed.
     add:    put the group's rank 0 into the router's workers (POST /workers, unless it is there) and
             wait until the router lists it healthy.
     remove: take it out (DELETE /workers/<id>) and wait until the router no longer lists it; then
-            wait until the group has no request running or queued (its /metrics gauges), at most
+            wait until the group has no request running or queued (its /metrics gauges, idle on two
+            readings one interval apart), at most
             --drain-timeout seconds, so its ranks stop only after the answers they owe went out.
             Never fails: a router that is already gone has nothing to remove, and a destroy must go on.
 
@@ -117,13 +118,16 @@ def remove(router: str, worker: str, key: str, engine: str, drain_timeout: float
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"router {router} not reachable ({type(exc).__name__}); nothing to take out", file=sys.stderr)
     deadline = clock() + drain_timeout
+    zeros = 0
     while True:
         text = read_metrics(worker)
         if text is None:
             print(f"{worker}: no /metrics answer; nothing to drain")
             return 0
         n = in_flight(text, engine)
-        if n == 0:
+        # Idle twice, one interval apart: a request the router sent just before it let go has arrived.
+        zeros = zeros + 1 if n == 0 else 0
+        if zeros == 2:
             print(f"{worker}: drained in {clock() - start:.1f}s")
             return 0
         if clock() >= deadline:

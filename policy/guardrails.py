@@ -43,6 +43,7 @@ REMOTE_COMMAND = "command:remote:Command"
 LOCAL_COMMAND = "command:local:Command"
 COMMANDS = (REMOTE_COMMAND, LOCAL_COMMAND)
 ROLE_LABEL = "deepseek-spark.role"
+RANK_LABEL = "deepseek-spark.rank"
 DEFAULT_SECRET_KEYS = (f"{PROJECT}:apiKey", f"{PROJECT}:sshPrivateKey")
 SCRIPT_FIELDS = ("create", "update", "delete")
 
@@ -80,9 +81,12 @@ class StackFacts:
             except ValueError:
                 cluster = None
         if isinstance(cluster, Mapping):
-            ckpt = (cluster.get("model") or {}).get("checkpointDir")
-            if isinstance(ckpt, str) and ckpt.startswith("/"):
-                dirs.append(posixpath.normpath(ckpt))
+            groups = cluster.get("groups") if isinstance(cluster.get("groups"), list) else []
+            for part in (cluster, *(g for g in groups if isinstance(g, Mapping))):  # a group may override it
+                model = part.get("model") if isinstance(part.get("model"), Mapping) else {}
+                ckpt = model.get("checkpointDir")
+                if isinstance(ckpt, str) and ckpt.startswith("/"):
+                    dirs.append(posixpath.normpath(ckpt))
         key = flat.get(f"{PROJECT}:apiKey")
         problem = shapes.api_key_problem(key) if isinstance(key, str) else None
         return cls(tuple(secrets), tuple(dirs), problem)
@@ -154,7 +158,9 @@ def labels_of(props: Any) -> dict[str, str]:
 
 
 def is_rank(res: Any) -> bool:
-    return res.resource_type == CONTAINER and ROLE_LABEL in labels_of(res.props)
+    """A rank of a serving group (the router container has a role but no rank)."""
+    labels = labels_of(res.props) if res.resource_type == CONTAINER else {}
+    return ROLE_LABEL in labels and RANK_LABEL in labels
 
 
 def envs_of(props: Any) -> dict[str, str]:
