@@ -165,8 +165,28 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                 return True
             return self.headers.get("Authorization", "") == f"Bearer {api.api_key}"
 
+        def _read_body(self) -> bytes:
+            """The whole request body (Content-Length or chunked), read before any answer: a keep-alive
+            client (a router's connection pool) must not find an unread body parsed as its next request."""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                data = b""
+                while True:
+                    size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline().strip():  # trailers, then the blank line
+                            pass
+                        return data
+                    data += self.rfile.read(size)
+                    self.rfile.readline()
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
         def _route(self, method: str) -> None:
             path = self.path.split("?", 1)[0]
+            try:
+                self.body = self._read_body()
+            except ValueError:
+                self.close_connection = True
+                return self.send_json(400, {"error": "invalid body framing"})
             if not self._authorized():
                 return self.send_json(401, {"error": "Unauthorized"})
             if api.pre_route and api.pre_route(self, method, path):
@@ -184,9 +204,8 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             return self.send_json(404, {"error": f"no route {method} {path}"})
 
         def _chat(self) -> None:
-            n = int(self.headers.get("Content-Length") or 0)
             try:
-                req = json.loads(self.rfile.read(n) or b"{}")
+                req = json.loads(self.body or b"{}")
             except json.JSONDecodeError:
                 return self.send_json(400, {"error": "invalid JSON"})
             model = req.get("model") or api.model_names[0]

@@ -4,7 +4,8 @@ SGLang double: ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs`` only with
 (else 404); vLLM double: ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` always. Both
 unauthenticated, as the real servers. A drain step waits on these, so the count must be exact: a
 request counts from the moment it starts generating until its answer is written, its stream
-finished, or its client went away.
+finished, or its client went away. Also: the doubles' keep-alive behaviour a router's connection pool
+relies on.
 """
 from __future__ import annotations
 
@@ -163,6 +164,26 @@ def test_rejected_requests_are_not_counted(engine):
     if engine.engine == "vllm":  # an unknown model is vLLM's 404
         assert http(engine.base + "/v1/chat/completions", KEY, {"model": "other", "messages": []})[0] == 404
     assert engine.running() == 0
+
+
+def test_keep_alive_after_an_early_answer(engine):
+    """A router keeps connections open: a body the double refused (401) must be consumed, not parsed
+    as the next request on that connection; a chunked body is read too."""
+    conn = HTTPConnection("127.0.0.1", engine.port, timeout=5)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "What is 19 + 23?"}]})
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 401 and r.read() == b'{"error": "Unauthorized"}'
+    conn.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {KEY}"})
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["choices"][0]["message"]["content"] == "42"
+    conn.request("POST", "/v1/chat/completions", iter([body[:10].encode(), body[10:].encode()]),
+                 {"Authorization": f"Bearer {KEY}"}, encode_chunked=True)
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["choices"][0]["message"]["content"] == "42"
+    conn.request("GET", "/metrics")
+    assert conn.getresponse().status == 200
+    conn.close()
 
 
 def test_sglang_without_enable_metrics_has_no_metrics_route(tmp_path):
