@@ -240,6 +240,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 ROUTER_POLICIES = ("round_robin", "cache_aware", "power_of_two", "random")
+LOCAL = "local"  # router.node: the docker engine where Pulumi runs
 
 
 class RouterConfig(_Strict):
@@ -247,7 +248,11 @@ class RouterConfig(_Strict):
     enforced there, groups taken out of rotation while they restart (scripts/router.sh of the reference)."""
 
     node: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")] = Field(
-        description="name of the node (of any group) that runs the router container"
+        description="name of the node (of any group) that runs the router container, or `local`: the docker "
+        "engine where Pulumi runs"
+    )
+    address: Host | None = Field(
+        default=None, description="where clients reach the router (default: its node's host; 127.0.0.1 when local)"
     )
     port: int = Field(default=8889, ge=1024, le=65535, description="the stack's endpoint port on that node")
     metrics_port: int = Field(default=29000, ge=1024, le=65535, description="the router's Prometheus port")

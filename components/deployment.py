@@ -55,7 +55,7 @@ def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token:
     members = [c.member for c in clusters if c.member is not None]
     ready = Readiness(f"{cp.stack}-router-readiness", ReadinessArgs(cp.router.readiness, api_key, members))
     outputs["router"] = {
-        "node": cp.router.node.name,
+        "node": cp.router.node.name if cp.router.node else "local",
         "group": cp.router.group,
         "endpoint": cp.router.endpoint,
         "container": cp.router.spec.container_name,

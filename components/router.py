@@ -1,7 +1,8 @@
 """Router: one endpoint in front of several serving groups (the SGLang router, see routing.py).
 
 The router container runs on one node of a group, with its own docker provider and ssh connection
-to that node (it is created before the groups, whose memberships depend on it). Each group joins
+to that node (it is created before the groups, whose memberships depend on it), or on the docker
+engine where Pulumi runs (`router.node: local`). Each group joins
 the rotation through `router_member`: a local command that adds the group's rank 0 once the group
 answered, and on its way out takes it out of rotation and waits for its requests to finish. It sits
 downstream of the group's readiness (its triggers hold the check's ID), so when a group restarts
@@ -21,6 +22,8 @@ from . import plan, routing
 from .node import connection
 from .stackplan import MemberPlan, RouterPlan
 
+LOCAL_DOCKER = "unix:///var/run/docker.sock"  # router.node: local
+
 
 @dataclass(frozen=True)
 class RouterArgs:
@@ -36,8 +39,12 @@ class Router(pulumi.ComponentResource):
         super().__init__("deepseek-spark:index:Router", name, None, opts)
         rp, spec = args.plan, args.plan.spec
         child = pulumi.ResourceOptions(parent=self)
-        self.docker = docker.Provider(
-            f"{name}-docker", host=rp.node.docker_host, ssh_opts=list(rp.node.ssh_opts), opts=child
+        self.docker = (
+            docker.Provider(f"{name}-docker", host=rp.node.docker_host, ssh_opts=list(rp.node.ssh_opts), opts=child)
+            if rp.node is not None
+            # Its own name: moving the router replaces its container through the old provider (a provider
+            # updated in place would look for the old container on the new engine and leave it running).
+            else docker.Provider(f"{name}-docker-local", host=LOCAL_DOCKER, opts=child)
         )
         self.image = docker.RemoteImage(
             f"{name}-image",
@@ -46,21 +53,31 @@ class Router(pulumi.ComponentResource):
             keep_locally=True,
             opts=pulumi.ResourceOptions(parent=self, provider=self.docker),
         )
-        self.api_key_file = remote.Command(
-            f"{name}-api-key",
-            connection=connection(rp.node, args.private_key),
-            create=rp.key_file_create,
-            delete=rp.key_file_delete,
-            stdin=args.api_key,
-            triggers=[args.api_key, spec.key_file],
-            logging=remote.Logging.NONE,
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                # create and delete touch the same file: delete the old one before writing the new.
-                delete_before_replace=True,
-            ),
-        )
+        # create and delete touch the same file: delete the old one before writing the new.
+        key_opts = pulumi.ResourceOptions(parent=self, delete_before_replace=True)
+        if rp.node is not None:
+            self.api_key_file: remote.Command | local.Command = remote.Command(
+                f"{name}-api-key",
+                connection=connection(rp.node, args.private_key),
+                create=rp.key_file_create,
+                delete=rp.key_file_delete,
+                stdin=args.api_key,
+                triggers=[args.api_key, spec.key_file],
+                logging=remote.Logging.NONE,
+                add_previous_output_in_env=False,
+                opts=key_opts,
+            )
+        else:
+            self.api_key_file = local.Command(
+                f"{name}-api-key",
+                create=rp.key_file_create,
+                delete=rp.key_file_delete,
+                stdin=args.api_key,
+                triggers=[args.api_key, spec.key_file],
+                logging=local.Logging.NONE,
+                add_previous_output_in_env=False,
+                opts=key_opts,
+            )
         self.container = docker.Container(
             f"{name}-container",
             name=spec.container_name,

@@ -15,7 +15,7 @@ from typing import Callable
 
 from . import flags, plan
 from .shapes import read_only_problem
-from .config import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
+from .config import LOCAL, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
 
 
 @dataclass(frozen=True)
@@ -537,7 +537,10 @@ def router_group(sc: StackConfig) -> tuple[int, int] | None:
 
 @stack_rule("router-node")
 def _router_node(sc: StackConfig, stack: str = "") -> list[Finding]:
-    if sc.router is None or router_group(sc) is not None:
+    if sc.router is not None and sc.router.node == LOCAL and router_group(sc) is not None:
+        return [Finding("router-node", "router.node", LOCAL, "names where Pulumi runs, and a node is named local too",
+                        "rename that node")]  # fmt: skip
+    if sc.router is None or sc.router.node == LOCAL or router_group(sc) is not None:
         return []
     names = [n.name for e in sc.groups for n in e.cfg.nodes]
     return [Finding("router-node", "router.node", sc.router.node, "is not a node of any group",
@@ -547,6 +550,9 @@ def _router_node(sc: StackConfig, stack: str = "") -> list[Finding]:
 @stack_rule("router-port-free")
 def _router_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
     where = router_group(sc)
+    if sc.router is not None and sc.router.node == LOCAL and sc.router.port == sc.router.metrics_port:
+        return [Finding("router-port-free", "router.metricsPort", sc.router.metrics_port, "equals router.port",
+                        "use the reference's router ports: port 8889, metricsPort 29000")]  # fmt: skip
     if sc.router is None or where is None:
         return []
     r, cfg = sc.router, sc.groups[where[0]].cfg
@@ -566,15 +572,16 @@ def _router_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
 
 @stack_rule("router-image")
 def _router_image(sc: StackConfig, stack: str = "") -> list[Finding]:
-    where = router_group(sc)
+    where = router_group(sc) or ((0, 0) if sc.router is not None and sc.router.node == LOCAL else None)
     if sc.router is None or where is None or sc.router.image is not None:
         return []
     cfg = sc.groups[where[0]].cfg
     if cfg.engine == "sglang" and cfg.image_build is None:
         return []
-    problem = (f"the router node {sc.router.node} runs vLLM, whose image has no sglang_router" if cfg.engine == "vllm"
-               else f"the image of {sc.router.node}'s group is built on the nodes (imageBuild), which the router "
-                    "does not wait for")  # fmt: skip
+    problem = (f"the router takes its image from group {sc.groups[where[0]].name or stack!r}, which runs vLLM: no "
+               "sglang_router there" if cfg.engine == "vllm"
+               else f"the router takes its image from group {sc.groups[where[0]].name or stack!r}, whose image is "
+                    "built on the nodes (imageBuild), which the router does not wait for")  # fmt: skip
     return [Finding("router-image", "router.image", None, problem,
                     "set router.image to an image with sglang-router 0.3.2 that the node has or can pull, e.g. the "
                     "SGLang image lmsysorg/sglang:dev-dsv41")]  # fmt: skip

@@ -9,10 +9,11 @@ the validated config. The Pulumi components receive their part of it (never the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from . import commands, plan, routing
-from .config import ClusterConfig, ImageBuildConfig, StackConfig
+from .config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ class MemberPlan:
 
 @dataclass(frozen=True)
 class RouterPlan:
-    node: NodePlan  # where the router container runs
-    group: str  # the group that node belongs to
+    node: Optional[NodePlan]  # where the router container runs; None: the docker engine where Pulumi runs
+    group: Optional[str]  # the group that node belongs to
     spec: routing.RouterSpec
     key_file_create: str
     key_file_delete: str
@@ -234,20 +235,26 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
     if sc.router is None:
         return ClusterPlan(stack, groups, None, tuple(None for _ in groups))
     r = sc.router
-    gi, ni = next((i, j) for i, e in enumerate(sc.groups) for j, n in enumerate(e.cfg.nodes) if n.name == r.node)
-    cfg, node = sc.groups[gi].cfg, groups[gi].nodes[ni]
     workers = [routing.worker_url(e.cfg.nodes[0].host, e.cfg.serving.port) for e in sc.groups]
-    key_path = commands.router_key_path(cfg, node.ssh_user, stack)
-    url = routing.worker_url(node.host, r.port)
+    if r.node == LOCAL:  # where Pulumi runs: its docker engine, a key file in its user's state dir
+        gi, node, host, sudo = 0, None, r.address or "127.0.0.1", ""
+        key_path = str(Path.home() / ".local/state/deepseek-spark" / f"{stack}-router" / "api-key")
+    else:
+        gi, ni = next((i, j) for i, e in enumerate(sc.groups) for j, n in enumerate(e.cfg.nodes) if n.name == r.node)
+        node = groups[gi].nodes[ni]
+        host, sudo = r.address or node.host, commands.router_key_sudo(sc.groups[gi].cfg, node.ssh_user)
+        key_path = commands.router_key_path(sc.groups[gi].cfg, node.ssh_user, stack)
+    cfg = sc.groups[gi].cfg
+    url = routing.worker_url(host, r.port)
     readiness = ReadinessPlan(
         commands.readiness(cfg, stack, url=url + "/v1"), cfg.readiness.timeout_seconds // 60 + 5
     )
     router = RouterPlan(
         node=node,
-        group=groups[gi].group_name,
+        group=groups[gi].group_name if node else None,
         spec=routing.router_spec(r, stack, r.image or cfg.image, key_path, workers),
-        key_file_create=commands.secret_file_create(key_path, commands.router_key_sudo(cfg, node.ssh_user)),
-        key_file_delete=f"{commands.router_key_sudo(cfg, node.ssh_user)}rm -f {commands.q(key_path)}\n",
+        key_file_create=commands.secret_file_create(key_path, sudo),
+        key_file_delete=f"{sudo}rm -f {commands.q(key_path)}\n",
         url=url,
         endpoint=url + "/v1",
         readiness=readiness,

@@ -4,13 +4,15 @@ each behind the REAL sglang-router (PyPI 0.3.2, in the engine image), on a 4-nod
 In order: preview -> up, answers through `python -m components.clients` (the router's endpoint, its
 key check, both groups serving) -> no-op up -> a serving change rolled one group at a time while a
 client keeps sending requests (zero failures; orders from the nodes' docker event timestamps) ->
-destroy.
+the router moved to the docker engine where Pulumi runs (the groups stay up) -> destroy.
 """
 
+import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import openai
@@ -211,9 +213,32 @@ def test_a_serving_change_rolls_one_group_at_a_time_with_zero_failed_requests(fi
     assert "42" in ask(first.env)
 
 
+def local_router() -> str:
+    out = subprocess.run(["docker", "ps", "-a", "--filter", f"label=deepseek-spark.stack={STACK}", "--format",
+                          "{{.Names}} {{.ID}}"], capture_output=True, text=True, check=True)  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_the_router_moves_to_where_pulumi_runs_and_the_groups_stay(first, project, tmp_path):
+    before = all_containers()
+    project.set_config("cluster.router.node", "local")
+    run = project.timed("sim-x2: router moved to where Pulumi runs, up", project.up()).check()
+    assert project.api_key not in run.text
+    env = client_env(project, tmp_path)
+    assert env["OPENAI_BASE_URL"] == project.outputs()["endpoint"] == "http://127.0.0.1:8889/v1"
+    assert local_router().startswith("sim-x2-router ")
+    after = all_containers()
+    assert "sim-x2-router" not in after, "the node's router is gone"
+    assert after == {k: v for k, v in before.items() if k != "sim-x2-router"}, "the groups were not restarted"
+    assert "42" in ask(env)
+    key_file = Path.home() / ".local/state/deepseek-spark/sim-x2-router/api-key"
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+
+
 def test_destroy_removes_the_router_groups_and_key_files(first, project):
     project.timed("sim-x2: destroy", project.destroy()).check()
-    assert all_containers() == {}
+    assert all_containers() == {} and local_router() == ""
+    assert not (Path.home() / ".local/state/deepseek-spark/sim-x2-router/api-key").exists()
     assert node_sh("spark1", "find /var/lib/deepseek-spark -type f 2>/dev/null | wc -l").strip() == "0", "key files left"
     for node in NODES:
         assert node_sh(node, "ls /srv/models/DS4.1 | grep -c safetensors").strip() == "4"

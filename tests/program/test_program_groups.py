@@ -164,7 +164,7 @@ def test_a_change_to_one_group_changes_only_its_revision():
          "cluster.groups[1](b).model.servedName = 'other': differs from group 'a'"),
         (lambda r: r["groups"][1].__setitem__("serving", {"tpSize": 3}),
          "cluster.groups[1](b).serving.tpSize = 3: 4 nodes are listed"),
-        (lambda r: r.__setitem__("imageBuild", {"context": "sim/overlay"}), "cluster.router.image = None: the image of spark1's group is built"),
+        (lambda r: r.__setitem__("imageBuild", {"context": "sim/overlay"}), "cluster.router.image = None: the router takes its image from group 'a', whose image is built"),
     ],
 )  # fmt: skip
 def test_bad_group_config_names_the_field_and_registers_nothing(change, expected):
@@ -207,7 +207,7 @@ def test_a_router_in_front_of_one_group():
 def test_vllm_groups_behind_the_router_need_an_image_with_it():
     raw = copy.deepcopy(cluster_of("tp2"))
     raw["router"] = {"node": "spark1"}
-    with pytest.raises(pulumi.RunError, match=r"cluster.router.image = None: the router node spark1 runs vLLM"):
+    with pytest.raises(pulumi.RunError, match=r"cluster.router.image = None: the router takes its image from group 'tp2', which runs vLLM"):
         run_program("tp2", cluster=raw)
     raw["router"]["image"] = "lmsysorg/sglang:dev-dsv41"
     rec = run_program("tp2", cluster=raw)
@@ -215,3 +215,25 @@ def test_vllm_groups_behind_the_router_need_an_image_with_it():
     assert "--engine vllm" in member.inputs["delete"]
     assert rec.named("tp2-router-container").inputs["image"] == "lmsysorg/sglang:dev-dsv41"
     assert json.dumps(rec.outputs["router"]).count("8000") == 1  # the vLLM head's port as the worker
+
+
+def test_a_router_where_pulumi_runs():
+    raw = cluster_of("tp4x2")
+    raw["router"] = {"node": "local", "address": "192.168.1.20"}
+    rec = run_program("tp4x2", cluster=raw)
+    assert rec.named("tp4x2-router-docker-local").inputs["host"] == "unix:///var/run/docker.sock"
+    key_file = rec.named("tp4x2-router-api-key")
+    assert key_file.type == LOCAL and reveal(key_file.inputs["stdin"]) == TEST_API_KEY
+    assert "/.local/state/deepseek-spark/tp4x2-router/api-key" in key_file.inputs["create"]
+    assert all(TEST_API_KEY not in text for text in plain_strings(key_file.inputs))  # only as a secret
+    assert rec.outputs["endpoint"] == "http://192.168.1.20:8889/v1" and rec.outputs["router"]["node"] == "local"
+    member = rec.named("tp4x2-a-router-member")
+    assert "--router http://192.168.1.20:8889" in member.inputs["create"]
+
+
+def test_a_node_named_local_is_ambiguous_for_the_router():
+    raw = cluster_of("tp4x2")
+    raw["groups"][1]["nodes"][3]["name"] = "local"
+    raw["router"]["node"] = "local"
+    with pytest.raises(pulumi.RunError, match="cluster.router.node = 'local': names where Pulumi runs, and a node"):
+        run_program("tp4x2", cluster=raw)
