@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--stack", required=True, help="the stack (tp3, tp4, tp2, sim, ...)")
+    common.add_argument("--group", help="in a stack with groups (tp4x2, ...): the group to look at")
     common.add_argument("--project-dir", default=".", help="where Pulumi.<stack>.yaml is (default: .)")
     common.add_argument("--outputs-file", help="stack outputs saved with `pulumi stack output --json --show-secrets` "
                         "(default: run that command)")  # fmt: skip
@@ -105,7 +106,7 @@ def main(
     except SystemExit as exc:  # usage errors (exit 3) and --help (0) as a return code
         return exc.code if isinstance(exc.code, int) else CANNOT_RUN
     try:
-        stack = load(args.stack, args.project_dir, args.outputs_file)
+        stack = load(args.stack, args.project_dir, args.outputs_file, args.group)
         if args.command == "plan":
             return cmd_plan.run(stack, args.json, out)
         if args.command == "smoke":
@@ -114,7 +115,7 @@ def main(
             return cmd_bench.run(stack, args.json, out, err, concurrency=args.concurrency, out_dir=args.out,
                                  tokenizer=args.tokenizer, pp=args.pp, tg=args.tg, runs=args.runs,
                                  timeout=args.timeout, extra_args=args.extra_args)  # fmt: skip
-        nodes = Nodes(stack.cfg, stack.short, runner=runner, streamer=streamer)
+        nodes = Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer)
         if args.command == "status":
             return cmd_status.run(stack, nodes, args.json, out, watch=args.watch, count=args.count, sleep=sleep)
         if args.command == "logs":

@@ -65,10 +65,10 @@ def project_name(stack: Stack) -> str:
 
 
 def engram_shard_urn(stack: Stack, node_name: str) -> str:
-    """URN of a node's engram pack command (`<stack>-engram-<node>` under the cluster component)."""
-    s = stack.short
+    """URN of a node's engram pack command (`<stack>[-<group>]-engram-<node>` under the cluster component)."""
+    s = stack.plan_name
     return (
-        f"urn:pulumi:{s}::{project_name(stack)}::deepseek-spark:index:DeepSeekCluster$"
+        f"urn:pulumi:{stack.short}::{project_name(stack)}::deepseek-spark:index:DeepSeekCluster$"
         f"deepseek-spark:index:EngramShards$command:remote:Command::{s}-engram-{node_name}"
     )
 
@@ -95,7 +95,7 @@ def _stat_result(lines: dict[str, str]) -> str:
 
 
 def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
-    cfg, name = stack.cfg, stack.short
+    cfg, name = stack.cfg, stack.plan_name
     result: dict = {"rank": node.rank, "node": node.name, "reachable": True, "preflight": None, "container": None,
                     "engram": None, "checkpoint_volume": None, "_findings": [], "_notes": []}  # fmt: skip
     findings: list[Finding] = result["_findings"]

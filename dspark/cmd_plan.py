@@ -47,7 +47,7 @@ def _finding(f: rules.Finding) -> dict:
 
 
 def build(stack: Stack) -> dict[str, Any]:
-    cfg, name = stack.cfg, stack.short
+    cfg, name = stack.cfg, stack.plan_name
     errors, warnings = rules.check(cfg, name)
     doc: dict[str, Any] = {
         "stack": name,
@@ -62,7 +62,7 @@ def build(stack: Stack) -> dict[str, Any]:
     if errors:  # like preview: nothing is planned from a config that breaks a rule
         doc.update(image={"name": cfg.image, "build": None}, group_revision=None, memory_plan=None, nodes=[])
         return doc
-    sp = stackplan.build(cfg, name)  # the same object the program builds its resources from
+    sp = stackplan.build(cfg, name, routed=stack.routed)  # the same object the program builds its resources from
     b = sp.image.build
     doc["image"] = {
         "name": sp.image.name,

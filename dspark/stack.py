@@ -27,6 +27,14 @@ def short_name(stack: str) -> str:
 
 
 def read_cluster(project_dir: Path, stack: str) -> ClusterConfig:
+    """The config of a one-group stack (see read_stack for stacks with `groups`)."""
+    sc = read_stack(project_dir, stack)
+    if sc.single is None:
+        raise DsparkError(f"stack {short_name(stack)} has groups {', '.join(e.name or '' for e in sc.groups)}: pass --group")
+    return sc.single
+
+
+def read_stack(project_dir: Path, stack: str) -> config.StackConfig:
     path = project_dir / f"Pulumi.{short_name(stack)}.yaml"
     if not path.is_file():
         raise DsparkError(f"{path} not found: run dspark in the project directory or pass --project-dir")
@@ -38,7 +46,7 @@ def read_cluster(project_dir: Path, stack: str) -> ClusterConfig:
     cfg = cfg if isinstance(cfg, dict) else {}
     raw = cfg.get(CONFIG_KEY, cfg.get(config.CLUSTER_KEY))
     try:
-        return config.parse_cluster(raw)
+        return config.parse_stack(raw)
     except config.ConfigError as exc:
         raise DsparkError(f"{path}: {exc}") from None
 
@@ -47,8 +55,10 @@ def read_cluster(project_dir: Path, stack: str) -> ClusterConfig:
 class Stack:
     name: str  # as given to --stack (may be org/project/stack)
     project_dir: Path
-    cfg: ClusterConfig
+    cfg: ClusterConfig  # the group's config (the stack's, for a stack without `groups`)
     outputs_file: Optional[str] = None
+    group: Optional[str] = None  # --group, in a stack with `groups`
+    routed: bool = False  # a router is in front of the group(s)
     read_outputs: Callable[[Optional[str], Optional[str]], dict] = clients.read_outputs
     _outputs: Optional[dict] = field(default=None, repr=False)
     _outputs_error: Optional[str] = field(default=None, repr=False)
@@ -56,6 +66,11 @@ class Stack:
     @property
     def short(self) -> str:
         return short_name(self.name)
+
+    @property
+    def plan_name(self) -> str:
+        """What the program names the group's containers, volumes and files after (`<stack>[-<group>]`)."""
+        return self.short if self.group is None else f"{self.short}-{self.group}"
 
     # ------------------------------------------------------------------ outputs
 
@@ -110,20 +125,40 @@ class Stack:
 
     def planned_revision(self) -> str:
         """The group revision the config plans (what the next `up` would label every rank with)."""
-        return stackplan.build(self.cfg, self.short).revision
+        return stackplan.build(self.cfg, self.plan_name, routed=self.routed).revision
+
+    def _group_output(self) -> dict:
+        for entry in self.output("groups") or []:
+            if isinstance(entry, dict) and entry.get("name") == (self.group or self.short):
+                return entry
+        return {}
 
     def expected_revision(self) -> tuple[str, str]:
         """(revision the ranks should carry, where it came from: "outputs" or "config")."""
-        value = self.output("group_revision")
+        value = self.output("group_revision") if self.group is None else self._group_output().get("revision")
         if isinstance(value, str) and value:
             return value, "outputs"
         return self.planned_revision(), "config"
 
     def endpoint(self) -> str:
-        value = self.output("endpoint")
+        """The group's own endpoint (rank 0): health and status are about the group, not the router."""
+        value = self.output("endpoint") if not self.routed else self._group_output().get("endpoint")
         return value if isinstance(value, str) and value else plan.endpoint(self.cfg)
 
 
-def load(name: str, project_dir: str | Path = ".", outputs_file: Optional[str] = None) -> Stack:
+def load(name: str, project_dir: str | Path = ".", outputs_file: Optional[str] = None,
+         group: Optional[str] = None) -> Stack:  # fmt: skip
+    """The stack, and for a stack with `groups` the one named by `group` (required there)."""
     directory = Path(project_dir).resolve()
-    return Stack(name=name, project_dir=directory, cfg=read_cluster(directory, name), outputs_file=outputs_file)
+    sc = read_stack(directory, name)
+    names = [e.name for e in sc.groups if e.name]
+    if sc.single is not None and group is None:
+        return Stack(name=name, project_dir=directory, cfg=sc.single, outputs_file=outputs_file,
+                     routed=sc.router is not None)  # fmt: skip
+    entry = next((e for e in sc.groups if e.name and e.name == group), None)
+    if entry is None:
+        have = f"its groups are {', '.join(names)}" if names else "it has no groups"
+        raise DsparkError(f"stack {short_name(name)}: {'pass --group' if group is None else f'no group {group!r}'}; "
+                          f"{have}")  # fmt: skip
+    return Stack(name=name, project_dir=directory, cfg=entry.cfg, outputs_file=outputs_file, group=entry.name,
+                 routed=sc.router is not None)  # fmt: skip

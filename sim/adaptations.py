@@ -60,6 +60,10 @@ ADAPTATIONS: list[Adaptation] = [
                "no registry is reachable; the test machine is not aarch64", "sim/images.py, Pulumi.sim.yaml"),
     Adaptation("nodes run as root; fabric IP = management IP on one docker network (eth0)",
                "one private docker network per simulated cluster", "sim/cluster.py"),
+    Adaptation("the router in front of sim-x2's groups is the REAL sglang-router 0.3.2 (PyPI wheel), started from "
+               "the engine test-double image (the groups' image) instead of the SGLang image; the groups it routes "
+               "to and drains are test doubles (their /metrics carry only the request gauges)",
+               "no registry is reachable: the SGLang image cannot be pulled", "Pulumi.sim-x2.yaml, sim/images.py"),
 ]
 
 

@@ -7,7 +7,9 @@ client keeps sending requests (zero failures; orders from the nodes' docker even
 the router moved to the docker engine where Pulumi runs (the groups stay up) -> destroy.
 """
 
+import json
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -170,6 +172,28 @@ def test_second_up_changes_nothing(first, project):
     assert "unchanged" in summary
     assert not any(word in summary for word in ("created", "updated", "replaced", "deleted")), summary
     assert all_containers() == before
+
+
+def dspark(project, *args: str) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "dspark", *args, "--stack", STACK, "--project-dir",
+                           str(project.work_dir)], cwd=project.work_dir, env=project.env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert project.api_key not in proc.stdout + proc.stderr
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_dspark_looks_at_one_group_and_smokes_the_router(first, project):
+    code, out = dspark(project, "status", "--json")
+    assert code == 3 and "pass --group; its groups are a, b" in out
+    outputs = project.outputs()
+    for group in outputs["groups"]:
+        code, out = dspark(project, "status", "--json", "--group", group["name"])
+        doc = json.loads(out)
+        assert code == 0 and doc["verdict"] == "healthy", out
+        assert doc["revision"]["expected"] == group["revision"] and doc["health"]["status"] == 200
+        assert [r["node"] for r in doc["ranks"]] == group["nodes"]
+    code, out = dspark(project, "smoke", "--json", "--group", "a")
+    assert code == 0 and json.loads(out)["base_url"] == outputs["endpoint"], out  # through the router
 
 
 def test_a_serving_change_rolls_one_group_at_a_time_with_zero_failed_requests(first, project):

@@ -654,3 +654,23 @@ def test_status_a_hand_started_rank_without_the_label_is_degraded_once(tmp_path)
     doc = json.loads(out)
     assert code == 1
     assert doc["problems"] == [f"rank 1 (tp3-rank1) has no {plan.REVISION_LABEL} label: not started by this program"]
+
+
+def test_plan_of_one_group_matches_what_the_program_registers_for_it():
+    """A stack with groups: dspark needs --group, and then plans exactly that group (names, revision
+    with the router's --enable-metrics, args)."""
+    rec = harness.run_program("tp4x2")
+    code, _, err = run(args("plan", "tp4x2", None, ROOT, "--json"))
+    assert code == 3 and "pass --group; its groups are a, b" in err
+    code, _, err = run(args("plan", "tp4x2", None, ROOT, "--json", "--group", "c"))
+    assert code == 3 and "no group 'c'" in err
+    containers = {r.plain["name"]: r.plain for r in rec.of_type("docker:index/container:Container")}
+    for group in rec.outputs["groups"]:
+        code, out, err = run(args("plan", "tp4x2", None, ROOT, "--json", "--group", group["name"]))
+        doc = json.loads(out)
+        assert code == 0, err
+        assert doc["stack"] == f"tp4x2-{group['name']}" and doc["group_revision"] == group["revision"]
+        assert [n["name"] for n in doc["nodes"]] == group["nodes"]
+        for n in doc["nodes"]:
+            assert containers[n["container"]["name"]]["command"] == n["container"]["args"]
+            assert "--enable-metrics" in n["container"]["args"]
