@@ -53,31 +53,23 @@ class Router(pulumi.ComponentResource):
             keep_locally=True,
             opts=pulumi.ResourceOptions(parent=self, provider=self.docker),
         )
-        # create and delete touch the same file: delete the old one before writing the new.
-        key_opts = pulumi.ResourceOptions(parent=self, delete_before_replace=True)
-        if rp.node is not None:
-            self.api_key_file: remote.Command | local.Command = remote.Command(
-                f"{name}-api-key",
-                connection=connection(rp.node, args.private_key),
-                create=rp.key_file_create,
-                delete=rp.key_file_delete,
-                stdin=args.api_key,
-                triggers=[args.api_key, spec.key_file],
-                logging=remote.Logging.NONE,
-                add_previous_output_in_env=False,
-                opts=key_opts,
+        key_file = dict(
+            create=rp.key_file_create,
+            delete=rp.key_file_delete,
+            stdin=args.api_key,
+            triggers=[args.api_key, spec.key_file],
+            add_previous_output_in_env=False,
+            # create and delete touch the same file: delete the old one before writing the new.
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+        )
+        self.api_key_file: remote.Command | local.Command = (
+            remote.Command(
+                f"{name}-api-key", connection=connection(rp.node, args.private_key), logging=remote.Logging.NONE,
+                **key_file,
             )
-        else:
-            self.api_key_file = local.Command(
-                f"{name}-api-key",
-                create=rp.key_file_create,
-                delete=rp.key_file_delete,
-                stdin=args.api_key,
-                triggers=[args.api_key, spec.key_file],
-                logging=local.Logging.NONE,
-                add_previous_output_in_env=False,
-                opts=key_opts,
-            )
+            if rp.node is not None
+            else local.Command(f"{name}-api-key", logging=local.Logging.NONE, **key_file)
+        )
         self.container = docker.Container(
             f"{name}-container",
             name=spec.container_name,

@@ -107,6 +107,15 @@ def first_event(events: list[Event], action: str, name: str) -> Event:
     return next(e for e in events if e.action == action and e.name == name)
 
 
+def dspark(project: PulumiProject, *args: str) -> tuple[int, str]:
+    """`python -m dspark <args> --stack <the project's stack>` in the project; (exit code, stdout + stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "dspark", *args, "--stack", project.stack, "--project-dir",
+                           str(project.work_dir)], cwd=project.work_dir, env=project.env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert project.api_key not in proc.stdout + proc.stderr
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def client_env(project: PulumiProject, tmp_path: Path) -> dict[str, str]:
     """`python -m components.clients --stack X --format openai-env`: the env file a user's tools read,
     made from the real `pulumi stack output --json --show-secrets`."""

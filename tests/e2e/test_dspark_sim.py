@@ -7,25 +7,15 @@ status says down and how to repair, doctor and logs name it -> the repair it sug
 """
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
-from e2e.conftest import containers_of, node_sh
+from e2e.conftest import containers_of, dspark, node_sh
 from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
 STACK = "sim"
-
-
-def dspark(project, *args: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "dspark", *args, "--stack", STACK, "--project-dir",
-                           str(project.work_dir)], cwd=project.work_dir, env=project.env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert project.api_key not in proc.stdout + proc.stderr
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ the router moved to the docker engine where Pulumi runs (the groups stay up) -> 
 
 import json
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -21,7 +20,7 @@ import openai
 import pytest
 
 from e2e.conftest import ask, client_env, container_events, containers_of, first_event, node_sh, openai_client
-from e2e.conftest import resources_summary
+from e2e.conftest import dspark, resources_summary
 from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
@@ -172,14 +171,6 @@ def test_second_up_changes_nothing(first, project):
     assert "unchanged" in summary
     assert not any(word in summary for word in ("created", "updated", "replaced", "deleted")), summary
     assert all_containers() == before
-
-
-def dspark(project, *args: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "dspark", *args, "--stack", STACK, "--project-dir",
-                           str(project.work_dir)], cwd=project.work_dir, env=project.env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert project.api_key not in proc.stdout + proc.stderr
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def test_dspark_looks_at_one_group_and_smokes_the_router(first, project):
