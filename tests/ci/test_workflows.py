@@ -58,7 +58,7 @@ def test_previews_run_on_pull_requests_after_the_tests():
     assert preview["needs"] == "tests"
     assert preview["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
     assert preview["runs-on"] == ["self-hosted", "linux", "dgx-spark-lan"]
-    assert preview["strategy"]["matrix"]["stack"] == ["tp3", "tp4", "tp2"]
+    assert preview["strategy"]["matrix"]["stack"] == ["tp3", "tp4", "tp2", "tp4x2"]
     assert preview["strategy"]["fail-fast"] is False
     assert preview["env"]["PULUMI_CONFIG_PASSPHRASE"] == "${{ secrets.PULUMI_CONFIG_PASSPHRASE }}"
     (step,) = pulumi_steps(preview)
@@ -112,7 +112,7 @@ def test_up_stack_list_comes_from_the_stack_files():
     script = next(s for s in tests["steps"] if s.get("id") == "stacks")["run"]
     out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
                          env={"GITHUB_OUTPUT": "/dev/stdout", "PATH": "/usr/bin:/bin"})  # fmt: skip
-    expected = [s for s in ("tp3", "tp4", "tp2") if (ROOT / f"Pulumi.{s}.yaml").exists()]
+    expected = [s for s in ("tp3", "tp4", "tp2", "tp4x2") if (ROOT / f"Pulumi.{s}.yaml").exists()]
     assert out.stdout.strip() == "stacks=[" + ",".join(f'"{s}"' for s in expected) + "]"
 
 
