@@ -282,3 +282,30 @@ def test_a_checkpoint_revision_change_replaces_the_group_too(baseline):
     steps = plan_steps(baseline, after)
     assert after.outputs["group_revision"] != baseline.outputs["group_revision"]
     assert {f"tp4-sglang-rank{i}" for i in range(4)} | {"tp4-readiness-check"} <= by_op(steps, "replace")
+
+
+def _group_restart(group: str) -> set[str]:
+    """What restarting one group of tp4x2 replaces: its ranks, generation, readiness, router membership
+    and each node's preflight."""
+    nodes = range(1, 5) if group == "a" else range(5, 9)
+    return ({f"tp4x2-{group}-sglang-rank{i}" for i in range(4)} | {f"tp4x2-{group}-spark{n}-preflight" for n in nodes}
+            | {f"tp4x2-{group}-sglang-generation", f"tp4x2-{group}-readiness-check", f"tp4x2-{group}-router-member"})  # fmt: skip
+
+
+def test_a_change_to_one_group_of_tp4x2_leaves_the_other_group_and_the_router_alone():
+    before = run_program("tp4x2")
+    cluster = cluster_of("tp4x2")
+    cluster["groups"][1]["serving"] = {"maxRunningRequests": 4}
+    steps = plan_steps(before, run_program("tp4x2", cluster=cluster))
+    # The router's own probe re-runs: its triggers are the memberships' IDs.
+    assert by_op(steps, "replace") == _group_restart("b") | {"tp4x2-router-readiness-check"}
+    assert by_op(steps, "update") == set() and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
+
+
+def test_a_shared_serving_change_of_tp4x2_restarts_both_groups_never_the_router():
+    before = run_program("tp4x2")
+    cluster = cluster_of("tp4x2")
+    cluster["serving"]["maxRunningRequests"] = 4
+    steps = plan_steps(before, run_program("tp4x2", cluster=cluster))
+    assert by_op(steps, "replace") == _group_restart("a") | _group_restart("b") | {"tp4x2-router-readiness-check"}
+    assert next(s for s in steps.values() if s.resource.name == "tp4x2-router-container").op == "same"
