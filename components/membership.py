@@ -64,13 +64,20 @@ def in_flight(metrics_text: str, engine: str) -> int:
     return int(total)
 
 
-def read_metrics(worker: str, timeout: float = 5) -> Optional[str]:
-    """rank 0's /metrics text; None when it does not serve them (404) or does not answer."""
+GRACE = 30.0  # seconds a drain waits when rank 0 answers but shows no gauges
+
+
+def read_metrics(worker: str, key: str, timeout: float = 5) -> tuple[Optional[str], Optional[int]]:
+    """(rank 0's /metrics text, None) ; (None, HTTP status) when it answers without them; (None, None)
+    when it does not answer. The key goes along: some SGLang versions guard /metrics with it."""
+    req = urllib.request.Request(worker.rstrip("/") + "/metrics", headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(worker.rstrip("/") + "/metrics", timeout=timeout) as resp:
-            return resp.read().decode(errors="replace")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read().decode(errors="replace"), None
+    except urllib.error.HTTPError as exc:
+        return None, exc.code
     except (urllib.error.URLError, OSError):
-        return None
+        return None, None
 
 
 def add(router: str, worker: str, key: str, timeout: float, interval: float = 1.0,
@@ -120,9 +127,17 @@ def remove(router: str, worker: str, key: str, engine: str, drain_timeout: float
     deadline = clock() + drain_timeout
     zeros = 0
     while True:
-        text = read_metrics(worker)
+        text, status = read_metrics(worker, key)
+        if text is None and status is None:
+            print(f"{worker}: not answering; nothing to drain")
+            return 0
         if text is None:
-            print(f"{worker}: no /metrics answer; nothing to drain")
+            grace = min(drain_timeout, GRACE)
+            print(f"{worker}: /metrics answered HTTP {status}, so the requests it still serves cannot be counted; "
+                  f"waiting {grace:.0f}s for them", file=sys.stderr)  # fmt: skip
+            end = clock() + grace
+            while clock() < end:
+                sleep(interval)
             return 0
         n = in_flight(text, engine)
         # Idle twice, one interval apart: a request the router sent just before it let go has arrived.

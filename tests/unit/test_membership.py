@@ -45,7 +45,7 @@ class Fake:
 
             def do_GET(self):
                 if self.path == "/metrics":
-                    fake.seen.append(("GET", "/metrics", ""))
+                    fake.seen.append(("GET", "/metrics", self.headers.get("Authorization", "")))
                     if not fake.metrics:
                         return self._send(404, {"detail": "Not Found"})
                     return self._send(200, text=(
@@ -142,11 +142,30 @@ def test_remove_stops_waiting_at_the_drain_timeout(fake, capsys):
     assert "2 request(s) still running after 30s" in capsys.readouterr().err
 
 
+def test_the_drain_sends_the_key_to_metrics(fake):
+    assert membership.remove(fake.url, fake.url, KEY, "sglang", drain_timeout=5, sleep=no_sleep) == 0
+    assert ("GET", "/metrics", f"Bearer {KEY}") in fake.seen
+    assert membership.read_metrics(fake.url, KEY)[0].startswith("# TYPE")
+
+
+def test_a_group_without_gauges_gets_a_grace_period_not_a_cut(fake, capsys):
+    fake.metrics = False
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    assert membership.remove(fake.url, fake.url, KEY, "sglang", drain_timeout=600, clock=lambda: now[0],
+                             sleep=sleep) == 0  # fmt: skip
+    assert 30 <= now[0] < 32
+    assert "answered HTTP 404" in capsys.readouterr().err
+
+
 def test_remove_never_fails_when_router_and_group_are_gone(capsys):
     assert membership.remove("http://127.0.0.1:9", "http://127.0.0.1:9", KEY, "vllm", drain_timeout=5,
                              sleep=no_sleep) == 0  # fmt: skip
     err = capsys.readouterr()
-    assert "nothing to take out" in err.err and "nothing to drain" in err.out
+    assert "nothing to take out" in err.err and "not answering; nothing to drain" in err.out
 
 
 @pytest.mark.parametrize(
