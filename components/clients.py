@@ -3,6 +3,8 @@
     python -m components.clients --stack tp4 --format openai-env --out tp4.env
     python -m components.clients --outputs-file saved.json --format litellm --out litellm.yaml
     python -m components.clients --stack tp4 --format curl
+    python -m components.clients --stack tp4x2 --format prometheus --out scrape.yml   # no key in it
+    python -m components.clients --stack tp4x2 --format grafana --out dashboard.json  # import in Grafana
 
 Outputs come from `pulumi stack output --json --show-secrets --stack X` (when the CLI is on PATH)
 or from a file saved with that command. Rendering is pure (`render`); files are written 0600 from
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-FORMATS = ("openai-env", "litellm", "curl")
+FORMATS = ("openai-env", "litellm", "curl", "prometheus", "grafana")
 SECRET_PLACEHOLDER = "[secret]"  # what `pulumi stack output --json` prints without --show-secrets
 PROMPT = "What is 19 + 23?"
 
@@ -202,6 +204,36 @@ def render(c: Client, fmt: str, key_env: Optional[str] = None) -> str:
     raise ClientConfigError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
 
 
+def _scrape_configs(outputs: Mapping[str, Any]) -> list:
+    prom = outputs.get("prometheus")
+    configs = prom.get("scrape_configs") if isinstance(prom, Mapping) else None
+    if not isinstance(configs, list):
+        raise ClientConfigError("the outputs have no `prometheus` (a stack from before it existed): run `pulumi up` once")
+    if not configs:
+        raise ClientConfigError("nothing to scrape: no router, and no group serves /metrics (SGLang needs "
+                                "--enable-metrics in serving.extraArgs)")  # fmt: skip
+    return configs
+
+
+def render_prometheus(outputs: Mapping[str, Any], stack: str = "") -> str:
+    """The stack's `prometheus` output as a `scrape_configs:` block for prometheus.yml (no secret)."""
+    import yaml
+
+    configs = _scrape_configs(outputs)
+    title = f" {stack}" if stack else ""
+    return (f"# deepseek-spark{title}: Prometheus scrape configs; merge under `scrape_configs:` of prometheus.yml.\n"
+            + yaml.safe_dump({"scrape_configs": configs}, sort_keys=False))  # fmt: skip
+
+
+def render_grafana(outputs: Mapping[str, Any], stack: str) -> str:
+    """A Grafana dashboard over what `--format prometheus` scrapes (its queries select stack=<stack>)."""
+    from components import monitoring
+
+    configs = _scrape_configs(outputs)
+    labels = [sc.get("labels", {}).get("stack") for c in configs for sc in c.get("static_configs", [])]
+    return json.dumps(monitoring.dashboard(configs, stack or next((s for s in labels if s), "")), indent=2) + "\n"
+
+
 # ------------------------------------------------------------------------------------------- write
 
 
@@ -246,8 +278,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--key-env {args.key_env!r} is not an environment variable name")
     try:
         outputs = read_outputs(args.stack, args.outputs_file)
-        client = client_from_outputs(outputs, stack=args.stack or "")
-        text = render(client, args.format, args.key_env)
+        if args.format == "prometheus":
+            text = render_prometheus(outputs, args.stack or "")
+        elif args.format == "grafana":
+            text = render_grafana(outputs, args.stack or "")
+        else:
+            text = render(client_from_outputs(outputs, stack=args.stack or ""), args.format, args.key_env)
     except ClientConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

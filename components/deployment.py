@@ -9,6 +9,7 @@ from typing import Any
 
 import pulumi
 
+from . import monitoring
 from .cluster import DeepSeekCluster, DeepSeekClusterArgs, client_config
 from .readiness import Readiness, ReadinessArgs
 from .router import Router, RouterArgs
@@ -48,6 +49,7 @@ def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token:
         outputs["nodes"] = [{**n, "group": sp.group_name} for sp, c in zip(cp.groups, clusters) for n in c.node_outputs]
         outputs["memory_plan"] = {sp.group_name: c.memory_plan for sp, c in zip(cp.groups, clusters)}
     outputs["groups"] = [group_output(sp, c) for sp, c in zip(cp.groups, clusters)]
+    outputs["prometheus"] = {"scrape_configs": monitoring.scrape_configs(cp)}
 
     if router is None:
         outputs["client_config"] = clusters[0].client_config

@@ -128,6 +128,7 @@ class RouterPlan:
     url: str  # http://host:port
     endpoint: str  # url + /v1: the stack's endpoint
     readiness: ReadinessPlan  # one answer through the router
+    metrics: str  # host:port of the router's Prometheus exporter
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,7 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
         url=url,
         endpoint=url + "/v1",
         readiness=readiness,
+        metrics=f"{host}:{r.metrics_port}",
     )
     members = tuple(
         MemberPlan(

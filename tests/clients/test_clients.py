@@ -337,3 +337,42 @@ def test_curl_example_runs_and_keeps_the_key_out_of_argv(tmp_path, stand_in):
     assert json.loads(run.stdout)["choices"][0]["message"]["content"] == "42"
     assert stand_in.requests[0]["authorization"] == f"Bearer {TEST_API_KEY}"
     assert stand_in.requests[0]["path"] == "/v1/chat/completions"
+
+
+def test_prometheus_format_is_the_scrape_configs_block_and_needs_no_key(tmp_path):
+    import yaml
+
+    from components.clients import ClientConfigError, main, render_prometheus
+
+    configs = [{"job_name": "tp4x2-router", "static_configs": [{"targets": ["10.0.0.1:29000"]}]}]
+    outputs = {"prometheus": {"scrape_configs": configs}, "endpoint": "http://10.0.0.1:8889/v1"}
+    text = render_prometheus(outputs, "tp4x2")
+    assert text.startswith("# deepseek-spark tp4x2: Prometheus scrape configs")
+    assert yaml.safe_load(text) == {"scrape_configs": configs}
+    saved = tmp_path / "outputs.json"
+    saved.write_text(json.dumps(outputs))  # no api_key, no client_config: not needed for this format
+    out = tmp_path / "scrape.yml"
+    assert main(["--outputs-file", str(saved), "--format", "prometheus", "--out", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["scrape_configs"] == configs
+    for bad, why in (({}, "no `prometheus`"), ({"prometheus": {"scrape_configs": []}}, "nothing to scrape")):
+        with pytest.raises(ClientConfigError, match=why):
+            render_prometheus(bad)
+
+
+def test_grafana_dashboard_reads_only_the_scraped_series_of_its_stack():
+    import re
+
+    from components import monitoring
+    from components.clients import render_grafana
+    from harness import run_program
+
+    for stack, engines in (("tp4x2", {"sglang"}), ("tp2", {"vllm"})):
+        outputs = run_program(stack).outputs
+        doc = json.loads(render_grafana(outputs, stack))
+        exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+        assert exprs and all(f'stack="{stack}"' in e for e in exprs)
+        used = {m for e in exprs for m in re.findall(r"([a-z_]+:?[a-z_]+)\{", e)}
+        known = {s for role in ("router", *engines) for s in monitoring.SERIES[role]}
+        assert used <= known, used - known
+        assert any("smg_" in e for e in exprs) == (stack == "tp4x2")  # router panels only with a router
+        assert len({p["id"] for p in doc["panels"]}) == len(doc["panels"])

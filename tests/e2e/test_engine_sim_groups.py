@@ -9,6 +9,7 @@ the router moved to the docker engine where Pulumi runs (the groups stay up) -> 
 
 import json
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -162,6 +163,29 @@ def test_up_answers_through_the_router_and_both_groups_serve(first, project):
     assert refused.value.code == 401
     inspect = node_sh("spark1", "docker inspect sim-x2-router")
     assert project.api_key not in inspect and project.api_key not in first.up.text
+
+
+def test_every_prometheus_target_serves_the_series_the_dashboard_reads(first, project, tmp_path):
+    from components import monitoring
+
+    outputs = project.outputs()
+    seen = []
+    for job in outputs["prometheus"]["scrape_configs"]:
+        for static in job["static_configs"]:
+            labels = static["labels"]
+            series = monitoring.SERIES["router" if labels["role"] == "router" else labels["engine"]]
+            for target in static["targets"]:
+                with urllib.request.urlopen(f"http://{target}{job.get('metrics_path', '/metrics')}", timeout=10) as r:
+                    names = {line.split("{")[0].split(" ")[0] for line in r.read().decode().splitlines()
+                             if line and not line.startswith("#")}  # fmt: skip
+                assert set(series) <= names, (target, set(series) - names)
+                seen.append(target)
+    assert sorted(seen) == sorted(["172.30.99.11:29000", "172.30.99.11:8888", "172.30.99.13:8888"])
+    out = tmp_path / "dashboard.json"
+    proc = subprocess.run([sys.executable, "-m", "components.clients", "--stack", STACK, "--format", "grafana",
+                           "--out", str(out)], cwd=project.work_dir, env=project.env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(out.read_text())["panels"]) == 6
 
 
 def test_second_up_changes_nothing(first, project):

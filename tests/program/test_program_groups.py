@@ -133,7 +133,8 @@ def test_one_group_stacks_have_no_router_and_keep_their_names():
     assert rec.named("tp4-sglang-generation") and rec.named("tp4-readiness-check")
     assert all("--enable-metrics" not in r.inputs["command"] for r in rec.of_type(CONTAINER))
     assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision",
-                                "groups", "client_config"}  # fmt: skip
+                                "groups", "prometheus", "client_config"}  # fmt: skip
+    assert rec.outputs["prometheus"] == {"scrape_configs": []}  # SGLang without --enable-metrics, no router
     assert rec.outputs["groups"][0]["name"] == "tp4" and rec.outputs["groups"][0]["revision"] == rec.outputs[
         "group_revision"
     ]
@@ -237,3 +238,14 @@ def test_a_node_named_local_is_ambiguous_for_the_router():
     raw["router"]["node"] = "local"
     with pytest.raises(pulumi.RunError, match="cluster.router.node = 'local': names where Pulumi runs, and a node"):
         run_program("tp4x2", cluster=raw)
+
+
+def test_prometheus_scrapes_the_router_and_every_group_head(rec, stack):
+    configs = {c["job_name"]: c for c in rec.outputs["prometheus"]["scrape_configs"]}
+    router_host = rec.outputs["router"]["endpoint"].split("//")[1].split(":")[0]
+    assert configs[f"{stack}-router"]["static_configs"][0]["targets"] == [f"{router_host}:29000"]
+    engines = configs[f"{stack}-engine"]["static_configs"]
+    assert [(e["labels"]["group"], e["targets"]) for e in engines] == [
+        (g["name"], [g["endpoint"].split("//")[1].removesuffix("/v1")]) for g in rec.outputs["groups"]
+    ]
+    assert all(TEST_API_KEY not in text for text in plain_strings(rec.outputs["prometheus"]))

@@ -1,0 +1,99 @@
+"""What Prometheus scrapes on a stack, from its plan (pure): exported as the `prometheus` output and
+rendered by `python -m components.clients --format prometheus` as a `scrape_configs:` block; and a
+Grafana dashboard over those series (`--format grafana`).
+
+- the router's own exporter (`--prometheus-port`, no key): requests, latencies, per-group health
+  and outcomes (`smg_*`);
+- each group's rank 0 `/metrics` where the engine serves it: vLLM always; SGLang when it runs with
+  `--enable-metrics` (groups behind the router do, for the drain; add it to `serving.extraArgs`
+  otherwise). Running and queued requests, throughput, TTFT (`sglang:*`, `vllm:*`).
+
+No secret is involved: the exporters answer without the API key (SGLang versions that guard
+/metrics with it need `authorization: {credentials_file: ...}` added by hand).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .stackplan import ClusterPlan, StackPlan
+
+# The series the dashboard (monitoring/grafana-dashboard.json) reads, by exporter.
+SERIES = {
+    "router": ("smg_http_requests_total", "smg_http_request_duration_seconds_bucket", "smg_worker_health",
+               "smg_worker_cb_outcomes_total"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+}  # fmt: skip
+
+
+def serves_metrics(sp: StackPlan) -> bool:
+    """Whether the group's rank 0 answers /metrics (what the plan's head args say)."""
+    return sp.engine == "vllm" or "--enable-metrics" in sp.group.specs[0].args
+
+
+def _host_port(url: str) -> str:
+    return url.split("://", 1)[-1].split("/", 1)[0]
+
+
+def scrape_configs(cp: ClusterPlan) -> list[dict[str, Any]]:
+    """Prometheus `scrape_configs` entries for the stack (static targets, labelled by stack/group)."""
+    configs: list[dict[str, Any]] = []
+    if cp.router is not None:
+        configs.append({
+            "job_name": f"{cp.stack}-router",
+            "static_configs": [{"targets": [cp.router.metrics], "labels": {"stack": cp.stack, "role": "router"}}],
+        })  # fmt: skip
+    engines = [
+        {"targets": [_host_port(sp.endpoint)], "labels": {"stack": cp.stack, "group": sp.name or cp.stack,
+                                                          "engine": sp.engine, "role": "engine"}}
+        for sp in cp.groups if serves_metrics(sp)
+    ]  # fmt: skip
+    if engines:
+        configs.append({"job_name": f"{cp.stack}-engine", "metrics_path": "/metrics", "static_configs": engines})
+    return configs
+
+
+def _panel(i: int, title: str, exprs: list[tuple[str, str]], unit: str = "short") -> dict[str, Any]:
+    return {
+        "id": i + 1,
+        "type": "timeseries",
+        "title": title,
+        "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "targets": [{"refId": chr(65 + j), "expr": e, "legendFormat": legend} for j, (e, legend) in enumerate(exprs)],
+    }
+
+
+def dashboard(scrape: list[dict[str, Any]], stack: str) -> dict[str, Any]:
+    """A Grafana dashboard (JSON model) for the series `scrape_configs` collects on `stack`."""
+    roles = {c["job_name"].rsplit("-", 1)[-1] for c in scrape}
+    engines = sorted({sc["labels"]["engine"] for c in scrape if c["job_name"].endswith("-engine")
+                      for sc in c["static_configs"]})  # fmt: skip
+    sel = f'stack="{stack}"'
+    panels: list[tuple[str, list[tuple[str, str]], str]] = []
+    if "router" in roles:
+        panels += [
+            ("Requests through the router", [(f"sum(rate(smg_http_requests_total{{{sel}}}[1m]))", "req/s")], "reqps"),
+            ("Router latency p95", [(f"histogram_quantile(0.95, sum by (le) (rate("
+                                     f"smg_http_request_duration_seconds_bucket{{{sel}}}[5m])))", "p95")], "s"),
+            ("Groups in rotation (router health)", [(f"smg_worker_health{{{sel}}}", "{{worker}}")], "short"),
+            ("Outcomes per group", [(f"sum by (worker, outcome) (rate(smg_worker_cb_outcomes_total{{{sel}}}[1m]))",
+                                     "{{worker}} {{outcome}}")], "reqps"),
+        ]  # fmt: skip
+    for engine in engines:
+        running, queued = SERIES[engine]
+        panels += [
+            (f"Running requests per group ({engine})", [(f"{running}{{{sel}}}", "{{group}}")], "short"),
+            (f"Queued requests per group ({engine})", [(f"{queued}{{{sel}}}", "{{group}}")], "short"),
+        ]
+    return {
+        "title": f"deepseek-spark {stack}",
+        "uid": f"deepseek-spark-{stack}"[:40],
+        "schemaVersion": 39,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
+        "panels": [_panel(i, t, e, u) for i, (t, e, u) in enumerate(panels)],
+    }
