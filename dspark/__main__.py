@@ -9,7 +9,7 @@ import time
 from typing import Callable, Optional, Sequence, TextIO
 
 from . import __doc__ as OVERVIEW
-from . import cmd_bench, cmd_doctor, cmd_logs, cmd_plan, cmd_smoke, cmd_status
+from . import cmd_bench, cmd_doctor, cmd_logs, cmd_plan, cmd_repair, cmd_smoke, cmd_status
 from .nodes import Nodes, Runner, Streamer, valid_since
 from .stack import DsparkError, load
 
@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=_positive, default=3600.0, help="seconds for the whole run (default 3600)")
     sp.add_argument("--extra-args", default="", metavar='"ARGS"', help="more llama-benchy flags, e.g. "
                     '--extra-args="--exact-tg --no-cache"')
+    sp = add("repair", cmd_repair, "put back what drifted (refresh + up), never an unapplied config change")
+    sp.add_argument("--yes", action="store_true", help="repair the drift found (default: only report it)")
+    sp.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
+                    help="run these policy packs, as `pulumi up --policy-pack` (repeatable)")
     return p
 
 
@@ -109,6 +113,8 @@ def main(
         stack = load(args.stack, args.project_dir, args.outputs_file, args.group)
         if args.command == "plan":
             return cmd_plan.run(stack, args.json, out)
+        if args.command == "repair":
+            return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
         if args.command == "smoke":
             return cmd_smoke.run(stack, args.json, out, timeout=args.timeout)
         if args.command == "bench":

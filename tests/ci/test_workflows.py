@@ -158,3 +158,19 @@ def test_the_linter_passes_these_workflows_and_fails_a_broken_one(tmp_path):
         run = subprocess.run(["bash", str(LINT), str(bad)], capture_output=True, text=True, timeout=120)
         assert run.returncode != 0, (label, run.stdout)
         assert "Schema validation errors" in run.stdout + run.stderr, label
+
+
+def test_drift_repair_runs_on_a_timer_never_beside_an_up_and_never_applies_a_pending_change():
+    wf = load("pulumi-drift.yml")
+    assert "schedule" in wf["on"] and wf["on"]["schedule"][0]["cron"]
+    assert wf["permissions"] == {"contents": "read"}
+    job = wf["jobs"]["repair"]
+    up = load("pulumi-up.yml")["jobs"]["up"]
+    assert job["concurrency"]["group"] == up["concurrency"]["group"]  # one lock with `pulumi up`
+    assert job["strategy"]["max-parallel"] == 1 and job["runs-on"] == up["runs-on"]
+    assert job["strategy"]["matrix"]["stack"] == ["tp3", "tp4", "tp2", "tp4x2"]
+    run = next(s["run"] for s in job["steps"] if "dspark repair" in s.get("run", ""))
+    assert '--stack "$STACK" --yes --policy-pack policy' in run
+    assert '[ "$code" -eq 4 ]' in run and "exit 0" in run  # a pending change: a warning, not an up
+    for step in pulumi_steps(job):
+        assert set(step["with"]) <= PULUMI_ACTION_INPUTS and "command" not in step["with"]  # install only

@@ -3,7 +3,8 @@
 up -> status healthy, plan matches what runs, smoke answers, doctor finds nothing, bench writes its
 files -> a rank stopped:
 status says down and how to repair, doctor and logs name it -> the repair it suggests
-(`pulumi refresh` + `up`) makes status healthy again.
+(`pulumi refresh` + `up`) makes status healthy again -> `dspark repair` (the timer's command) repairs a
+stopped rank by itself and refuses a config change nobody applied.
 """
 
 import json
@@ -85,4 +86,28 @@ def test_a_stopped_rank_is_found_and_the_suggested_repair_works(up, project):
     assert not set(containers_of(STACK).values()) & set(before.values())
     code, out = dspark(project, "status", "--json")
     assert code == 0 and json.loads(out)["verdict"] == "healthy", out
+
+
+def test_repair_puts_back_drift_and_refuses_a_change_nobody_applied(up, project):
+    """`dspark repair` as a timer runs it: nothing to do; a stopped rank repaired; a merged but
+    unapplied config change left alone."""
+    pack = ("--policy-pack", "policy/analyzer")
+    code, out = dspark(project, "repair", "--yes", *pack)
+    assert code == 0 and "no drift" in out, out
+    node_sh("spark2", "docker stop sim-rank1 >/dev/null")
+    code, out = dspark(project, "repair", *pack)
+    assert code == 2 and "drift found" in out and "--yes" in out, out
+    before = containers_of(STACK)
+    t0 = time.monotonic()
+    code, out = dspark(project, "repair", "--yes", *pack)
+    TIMINGS["dspark repair (a rank stopped)"] = time.monotonic() - t0
+    assert code == 0 and "repaired" in out, out
+    assert not set(containers_of(STACK).values()) & set(before.values())
+    code, out = dspark(project, "status", "--json")
+    assert code == 0 and json.loads(out)["verdict"] == "healthy", out
+    project.set_config("cluster.serving.maxRunningRequests", "2")
+    running = containers_of(STACK)
+    code, out = dspark(project, "repair", "--yes", *pack)
+    assert code == 4 and "never applied" in out, out
+    assert containers_of(STACK) == running
     project.destroy().check()

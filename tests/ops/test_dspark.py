@@ -674,3 +674,59 @@ def test_plan_of_one_group_matches_what_the_program_registers_for_it():
         for n in doc["nodes"]:
             assert containers[n["container"]["name"]]["command"] == n["container"]["args"]
             assert "--enable-metrics" in n["container"]["args"]
+
+
+# ------------------------------------------------------------------------------------------ repair
+
+
+class FakeAutoStack:
+    """The Automation API stack as cmd_repair uses it: previews answer from `plans`, in order."""
+
+    def __init__(self, plans: list[dict], up_changes: dict | None = None):
+        self.plans = list(plans)
+        self.calls: list[tuple[str, dict]] = []
+        self.up_changes = up_changes or {}
+
+    def preview(self, **kw):
+        self.calls.append(("preview", kw))
+        from types import SimpleNamespace
+
+        return SimpleNamespace(change_summary=self.plans.pop(0))
+
+    def up(self, **kw):
+        self.calls.append(("up", kw))
+        from types import SimpleNamespace
+
+        return SimpleNamespace(summary=SimpleNamespace(resource_changes=self.up_changes))
+
+
+def repair(plans, yes=True, up_changes=None):
+    from dspark import cmd_repair
+    from dspark.stack import load
+
+    fake = FakeAutoStack(plans, up_changes)
+    out, err = io.StringIO(), io.StringIO()
+    code = cmd_repair.run(load("tp4", ROOT), out, err, yes=yes, policy_packs=["policy/analyzer"],
+                          select=lambda s: fake)  # fmt: skip
+    return code, out.getvalue(), fake.calls
+
+
+def test_repair_refuses_a_config_change_nobody_applied():
+    code, out, calls = repair([{"same": 30, "replace": 8}])
+    assert code == 4 and "never applied" in out and "pulumi up --stack tp4" in out
+    assert [c for c, _ in calls] == ["preview"] and "refresh" not in calls[0][1]
+
+
+def test_repair_without_drift_changes_nothing():
+    code, out, calls = repair([{"same": 30}, {"same": 30, "refresh": 30}])
+    assert code == 0 and "no drift" in out
+    assert [c for c, _ in calls] == ["preview", "preview"] and calls[1][1]["refresh"] is True
+
+
+def test_repair_reports_drift_and_repairs_only_with_yes():
+    code, out, calls = repair([{"same": 30}, {"same": 22, "replace": 8}], yes=False)
+    assert code == 2 and "8 to replace" in out and "--yes" in out and "up" not in [c for c, _ in calls]
+    code, out, calls = repair([{"same": 30}, {"same": 22, "replace": 8}], up_changes={"same": 22, "replace": 8})
+    assert code == 0 and "repaired (8 to replace)" in out
+    assert calls[-1][0] == "up" and calls[-1][1]["refresh"] is True
+    assert all(kw["policy_packs"] == ["policy/analyzer"] for _, kw in calls)

@@ -1,0 +1,84 @@
+"""repair: put back what drifted on the nodes, and nothing else (meant to run on a timer).
+
+1. preview without refresh: the stack file must plan no change against what was last applied. A
+   pending change (a merged config nobody applied yet) needs a reviewed `pulumi up`: exit 4,
+   nothing touched.
+2. preview with refresh: what differs between the state and the nodes (a rank stopped or removed,
+   a key file gone, ...). Nothing: exit 0.
+3. with --yes, `up --refresh`: the program puts it back (a stopped rank restarts the whole group,
+   as after `pulumi refresh` + `up`). Without --yes: exit 2, the drift listed.
+
+It runs the project's __main__.py through the Pulumi Automation API (inline program, the Pulumi CLI
+on PATH), with the same backend, secrets provider and policy packs as a user's `pulumi up`.
+Exit: 0 no drift or repaired, 1 repair failed, 2 drift found (no --yes), 4 a config change is pending.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import Callable, Optional, TextIO
+
+from .stack import DsparkError, Stack
+
+IGNORED = {"same", "refresh", "read"}  # steps that change nothing on a node
+
+
+def changes(summary: dict) -> dict[str, int]:
+    """{operation: count} of a preview's change summary, without the steps that change nothing."""
+    return {str(op): int(n) for op, n in (summary or {}).items() if str(op) not in IGNORED and n}
+
+
+def _describe(found: dict[str, int]) -> str:
+    return ", ".join(f"{n} to {op}" for op, n in sorted(found.items()))
+
+
+def workspace_stack(stack: Stack):
+    """The stack through the Automation API, with __main__.py of the project as an inline program."""
+    from pulumi import automation as auto
+
+    project = stack.project_dir
+
+    def program() -> None:
+        os.chdir(project)  # as the language host runs it
+        if str(project) not in sys.path:
+            sys.path.insert(0, str(project))
+        runpy.run_path(str(project / "__main__.py"), run_name="__main__")
+
+    ws = auto.LocalWorkspace(work_dir=str(project), program=program)
+    return auto.Stack.select(stack.name, ws)
+
+
+def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs: Optional[list[str]] = None,
+        select: Callable[[Stack], object] = workspace_stack) -> int:  # fmt: skip
+    from pulumi import automation as auto
+
+    try:
+        st = select(stack)
+    except auto.CommandError as exc:
+        raise DsparkError(f"cannot select stack {stack.name}: {str(exc).strip().splitlines()[-1]}") from None
+    opts = dict(policy_packs=policy_packs or None, color="never")
+    try:
+        pending = changes(st.preview(**opts).change_summary)
+        if pending:
+            out.write(f"{stack.short}: Pulumi.{stack.short}.yaml plans changes ({_describe(pending)}) that were "
+                      f"never applied; they need a reviewed `pulumi up --stack {stack.name}`, not a repair. "
+                      "Nothing touched.\n")  # fmt: skip
+            return 4
+        drift = changes(st.preview(refresh=True, **opts).change_summary)
+        if not drift:
+            out.write(f"{stack.short}: no drift\n")
+            return 0
+        if not yes:
+            out.write(f"{stack.short}: drift found ({_describe(drift)}); run again with --yes to repair\n")
+            return 2
+        out.write(f"{stack.short}: drift found ({_describe(drift)}); repairing with `up --refresh`\n")
+        result = st.up(refresh=True, **opts)
+    except auto.CommandError as exc:
+        tail = "\n".join(str(exc).strip().splitlines()[-20:])
+        err.write(f"{stack.short}: repair failed:\n{tail}\n")
+        return 1
+    done = changes(result.summary.resource_changes or {})
+    out.write(f"{stack.short}: repaired ({_describe(done) or 'nothing changed'})\n")
+    return 0
