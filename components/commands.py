@@ -20,10 +20,11 @@ def sudo(user: str) -> str:
     return "" if user == "root" else "sudo -n "
 
 
-def key_sudo(cfg: ClusterConfig) -> str:
-    """sudo for the API key file only when it lives outside the ssh user's home."""
-    user = cfg.nodes[0].ssh_user
-    return "" if plan.state_dir(cfg).startswith(f"/home/{user}/") else sudo(user)
+def key_sudo(cfg: ClusterConfig, user: str | None = None) -> str:
+    """sudo for an API key file only when it lives outside the ssh user's home (the head's user, or
+    `user`: the router node's)."""
+    user = user or cfg.nodes[0].ssh_user
+    return "" if plan.state_dir(cfg, user).startswith(f"/home/{user}/") else sudo(user)
 
 
 def head_needs_sudo(cfg: ClusterConfig) -> bool:
@@ -211,7 +212,7 @@ def api_key_create(cfg: ClusterConfig, stack: str) -> str:
 
 
 def api_key_delete(cfg: ClusterConfig, stack: str) -> str:
-    return f"{key_sudo(cfg)}rm -f {q(plan.api_key_path(cfg, stack))}\n"
+    return secret_file_delete(plan.api_key_path(cfg, stack), key_sudo(cfg))
 
 
 def secret_file_create(path: str, s: str = "") -> str:
@@ -225,13 +226,13 @@ def secret_file_create(path: str, s: str = "") -> str:
     )
 
 
+def secret_file_delete(path: str, s: str = "") -> str:
+    return f"{s}rm -f {q(path)}\n"
+
+
 def router_key_path(cfg: ClusterConfig, user: str, stack: str) -> str:
     """The router's copy of the API key on its node: the group's stateDir, or the node user's default."""
     return f"{plan.state_dir(cfg, user)}/{stack}-router/api-key"
-
-
-def router_key_sudo(cfg: ClusterConfig, user: str) -> str:
-    return "" if plan.state_dir(cfg, user).startswith(f"/home/{user}/") else sudo(user)
 
 
 def generation_record(stack: str, revision: str) -> str:

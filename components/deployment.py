@@ -13,10 +13,10 @@ from . import monitoring
 from .cluster import DeepSeekCluster, DeepSeekClusterArgs, client_config
 from .readiness import Readiness, ReadinessArgs
 from .router import Router, RouterArgs
-from .stackplan import ClusterPlan
+from .stackplan import ClusterPlan, StackPlan
 
 
-def group_output(sp, cluster: DeepSeekCluster) -> dict[str, Any]:
+def group_output(sp: StackPlan) -> dict[str, Any]:
     """One entry of the `groups` output: the group's own endpoint, nodes and revision."""
     return {
         "name": sp.group_name,
@@ -48,7 +48,7 @@ def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token:
     else:
         outputs["nodes"] = [{**n, "group": sp.group_name} for sp, c in zip(cp.groups, clusters) for n in c.node_outputs]
         outputs["memory_plan"] = {sp.group_name: c.memory_plan for sp, c in zip(cp.groups, clusters)}
-    outputs["groups"] = [group_output(sp, c) for sp, c in zip(cp.groups, clusters)]
+    outputs["groups"] = [group_output(sp) for sp in cp.groups]
     outputs["prometheus"] = {"scrape_configs": monitoring.scrape_configs(cp)}
 
     if router is None:

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .membership import GAUGES
 from .stackplan import ClusterPlan, StackPlan
 
 # The series the dashboard (monitoring/grafana-dashboard.json) reads, by exporter.
 SERIES = {
     "router": ("smg_http_requests_total", "smg_http_request_duration_seconds_bucket", "smg_worker_health",
                "smg_worker_cb_outcomes_total"),
-    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    **GAUGES,  # the engines' running and queued requests: what the drain reads too
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import local, remote
 
-from . import plan, routing
+from . import commands, plan
 from .node import connection
 from .stackplan import MemberPlan, RouterPlan
 
@@ -114,7 +114,7 @@ def router_member(
         name,
         create=member.add,
         delete=member.remove,
-        environment={routing.KEY_ENV: api_key},
+        environment={commands.READINESS_KEY_ENV: api_key},  # the probe's variable: one name for both
         # A new group (its readiness re-ran) or a new router: join again.
         triggers=[readiness.id, router.container.id],
         add_previous_output_in_env=False,

@@ -18,14 +18,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from . import plan
+from . import commands, plan
 from .config import RouterConfig
 
 q = shlex.quote
 
 ROUTER_VERSION = "0.3.2"  # the version the reference measured round_robin against cache_aware with
 MAX_PAYLOAD = 536870912  # router.sh: long contexts fit in one request
-KEY_ENV = "DSPARK_API_KEY"  # the membership commands read the key from their environment
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def member_add(router: str, worker: str, timeout: int) -> str:
     """Local command: put `worker` into the router's rotation and wait until the router calls it healthy."""
     return " ".join([
         "python3 -m components.membership add",
-        f"--router {q(router)}", f"--worker {q(worker)}", f"--key-env {KEY_ENV}", f"--timeout {int(timeout)}",
+        f"--router {q(router)}", f"--worker {q(worker)}", f"--key-env {commands.READINESS_KEY_ENV}", f"--timeout {int(timeout)}",
     ])  # fmt: skip
 
 
@@ -89,6 +88,6 @@ def member_remove(router: str, worker: str, engine: str, drain_timeout: int) -> 
     requests it still serves have finished."""
     return " ".join([
         "python3 -m components.membership remove",
-        f"--router {q(router)}", f"--worker {q(worker)}", f"--key-env {KEY_ENV}",
+        f"--router {q(router)}", f"--worker {q(worker)}", f"--key-env {commands.READINESS_KEY_ENV}",
         f"--engine {q(engine)}", f"--drain-timeout {int(drain_timeout)}",
     ])  # fmt: skip

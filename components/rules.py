@@ -550,20 +550,18 @@ def _router_node(sc: StackConfig, stack: str = "") -> list[Finding]:
 @stack_rule("router-port-free")
 def _router_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
     where = router_group(sc)
-    if sc.router is not None and sc.router.node == LOCAL and sc.router.port == sc.router.metrics_port:
-        return [Finding("router-port-free", "router.metricsPort", sc.router.metrics_port, "equals router.port",
-                        "use the reference's router ports: port 8889, metricsPort 29000")]  # fmt: skip
-    if sc.router is None or where is None:
+    if sc.router is None or (where is None and sc.router.node != LOCAL):
         return []
-    r, cfg = sc.router, sc.groups[where[0]].cfg
-    node = cfg.nodes[where[1]]
-    taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
-             cfg.serving.port: "the group's serving.port"}  # fmt: skip
-    taken[cfg.serving.dist_port if cfg.engine == "sglang" else cfg.serving.ray_port] = (
-        "the group's serving.distPort" if cfg.engine == "sglang" else "the group's serving.rayPort"
-    )
-    fix = f"use the reference's router ports: port 8889, metricsPort 29000 (free on {node.name})"
-    out = [Finding("router-port-free", f"router.{label}", port, f"is {taken[port]} on {node.name}", fix)
+    r, taken, on = sc.router, {}, ""  # where Pulumi runs: no port of ours is known there
+    if where is not None:
+        cfg = sc.groups[where[0]].cfg
+        node = cfg.nodes[where[1]]
+        engine_port = ("distPort", cfg.serving.dist_port) if cfg.engine == "sglang" else ("rayPort", cfg.serving.ray_port)
+        taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
+                 cfg.serving.port: "the group's serving.port", engine_port[1]: f"the group's serving.{engine_port[0]}"}  # fmt: skip
+        on = f" on {node.name}"
+    fix = f"use the reference's router ports: port 8889, metricsPort 29000{' (free' + on + ')' if on else ''}"
+    out = [Finding("router-port-free", f"router.{label}", port, f"is {taken[port]}{on}", fix)
            for label, port in (("port", r.port), ("metricsPort", r.metrics_port)) if port in taken]  # fmt: skip
     if r.port == r.metrics_port:
         out.append(Finding("router-port-free", "router.metricsPort", r.metrics_port, "equals router.port", fix))

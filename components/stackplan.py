@@ -126,9 +126,13 @@ class RouterPlan:
     key_file_create: str
     key_file_delete: str
     url: str  # http://host:port
-    endpoint: str  # url + /v1: the stack's endpoint
     readiness: ReadinessPlan  # one answer through the router
     metrics: str  # host:port of the router's Prometheus exporter
+
+    @property
+    def endpoint(self) -> str:
+        """The stack's endpoint."""
+        return self.url + "/v1"
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,7 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
     else:
         gi, ni = next((i, j) for i, e in enumerate(sc.groups) for j, n in enumerate(e.cfg.nodes) if n.name == r.node)
         node = groups[gi].nodes[ni]
-        host, sudo = r.address or node.host, commands.router_key_sudo(sc.groups[gi].cfg, node.ssh_user)
+        host, sudo = r.address or node.host, commands.key_sudo(sc.groups[gi].cfg, node.ssh_user)
         key_path = commands.router_key_path(sc.groups[gi].cfg, node.ssh_user, stack)
     cfg = sc.groups[gi].cfg
     url = routing.worker_url(host, r.port)
@@ -255,9 +259,8 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
         group=groups[gi].group_name if node else None,
         spec=routing.router_spec(r, stack, r.image or cfg.image, key_path, workers),
         key_file_create=commands.secret_file_create(key_path, sudo),
-        key_file_delete=f"{sudo}rm -f {commands.q(key_path)}\n",
+        key_file_delete=commands.secret_file_delete(key_path, sudo),
         url=url,
-        endpoint=url + "/v1",
         readiness=readiness,
         metrics=f"{host}:{r.metrics_port}",
     )

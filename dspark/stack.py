@@ -26,14 +26,6 @@ def short_name(stack: str) -> str:
     return stack.rsplit("/", 1)[-1]
 
 
-def read_cluster(project_dir: Path, stack: str) -> ClusterConfig:
-    """The config of a one-group stack (see read_stack for stacks with `groups`)."""
-    sc = read_stack(project_dir, stack)
-    if sc.single is None:
-        raise DsparkError(f"stack {short_name(stack)} has groups {', '.join(e.name or '' for e in sc.groups)}: pass --group")
-    return sc.single
-
-
 def read_stack(project_dir: Path, stack: str) -> config.StackConfig:
     path = project_dir / f"Pulumi.{short_name(stack)}.yaml"
     if not path.is_file():
