@@ -67,7 +67,8 @@ class DeepSeekCluster(pulumi.ComponentResource):
             )
             prerequisites += self.engram.shards
         group_args = GroupArgs(
-            sp.group, stack, args.api_key, self.nodes, self.share.volumes, prerequisites, list(args.after)
+            sp.group, stack, args.api_key, self.nodes, self.share.volumes, self.image.images, prerequisites,
+            list(args.after),
         )
         self.group: SglangGroup | VllmRayGroup = (
             SglangGroup(f"{name}-sglang", group_args, child)

@@ -108,7 +108,8 @@ def download(cfg: ClusterConfig, stack: str) -> str:
 
     Skips when a stamp with the current revision and the expected shards exist. An optional
     Hugging Face token arrives on stdin (first line) and reaches the container through its
-    environment, never through the command line.
+    environment, never through the command line. The image's `hf` CLI fetches it (huggingface_hub
+    1.0 removed `huggingface-cli`; `hf download` has been there since 0.34).
     """
     m = cfg.model
     return (
@@ -123,7 +124,7 @@ def download(cfg: ClusterConfig, stack: str) -> str:
         "HF_TOKEN=''; IFS= read -r HF_TOKEN || true; export HF_TOKEN\n"
         'token=""; [ -n "$HF_TOKEN" ] && token="-e HF_TOKEN"\n'
         f"docker rm -f {q(stack + '-download')} >/dev/null 2>&1 || true\n"
-        f"docker run --rm --name {q(stack + '-download')} --network host --entrypoint huggingface-cli $token "
+        f"docker run --rm --name {q(stack + '-download')} --network host --entrypoint hf $token "
         f'-v "$dir":/download {q(cfg.image)} download {q(m.hf_repo or "")} --revision "$rev" --local-dir /download\n'
         f'if [ "$(count)" -lt {m.expected_shards} ]; then\n'
         f'  echo "checkpoint download: $(count) of {m.expected_shards} safetensors files in $dir" >&2; exit 1\n'
@@ -278,4 +279,18 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
             *ranks,
             *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks else [])),
         ]
+    )
+
+
+def argcheck(spec: plan.RankSpec, checks: list[tuple[str, list[str]]], volume: str) -> str:
+    """Run the image's own argument parsing for one rank (components/argcheck.py, on stdin) in a
+    throwaway container: no network, no GPU, the rank's env and its checkpoint volume read-only (the
+    DSPARK draft weights are looked up there). Exits non-zero, naming node, rank, flag and the
+    engine's own message, when the image refuses what the rank would run."""
+    env = " ".join(f"-e {q(f'{k}={v}')}" for k, v in sorted(spec.env.items()))
+    runs = " ".join(f"--check {q(engine)} {len(argv)} {' '.join(q(a) for a in argv)}" for engine, argv in checks)
+    return (
+        f"docker run --rm -i --network none --entrypoint python3 {env} "
+        f"--mount {q(f'type=volume,source={volume},target={plan.MODEL_MOUNT},readonly')} {q(spec.image)} "
+        f"- --node {q(spec.node)} --rank {spec.rank} {runs}"
     )

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 
 from .shapes import (
-    _HCA_LIST, _HF_REPO, _HOST_KEY, _IFNAME_LIST, _IMAGE, _NAME, _NETDEV, _REVISION, _ENV_KEY, api_key_problem,
+    _ENGINE_VERSION, _HCA_LIST, _HF_REPO, _HOST_KEY, _IFNAME_LIST, _IMAGE, _NAME, _NETDEV, _REVISION, _ENV_KEY, api_key_problem,
     check_host, check_options, check_path, check_printable, shape,
 )  # fmt: skip
 
@@ -50,6 +50,8 @@ Revision = Annotated[str, AfterValidator(shape(_REVISION, "a revision (commit, t
 Name = Annotated[str, AfterValidator(shape(_NAME, "a name of letters, digits and _.:/- (at most 128)"))]
 ImageRef = Annotated[str, AfterValidator(shape(_IMAGE, "a docker image reference [registry[:port]/]repo[:tag]"
                                                 "[@sha256:<64 hex>], lowercase repository"))]
+EngineVersion = Annotated[str, AfterValidator(shape(_ENGINE_VERSION, "an engine release like 0.5.23 or 0.31.0 "
+                                                          "(digits and dots, optionally .postN)"))]
 HostKey = Annotated[str, AfterValidator(shape(_HOST_KEY, "an ssh public host key '<type> <base64>' as in "
                                                "known_hosts without the host, e.g. 'ssh-ed25519 AAAA...'"))]
 Options = Annotated[list[str], AfterValidator(check_options)]
@@ -111,7 +113,9 @@ class ServingConfig(_Strict):
     kv_cache_dtype: Name = "fp8_ds_mla"
     gpu_memory_utilization: float = Field(default=0.85, gt=0, lt=1)
     ray_port: int = Field(default=6379, ge=1024, le=65535)
-    distributed_executor_backend: Literal["ray"] = "ray"
+    # ray: a Ray head + workers (the image must carry Ray); mp: vLLM's own multi-node launcher
+    # (--nnodes/--node-rank/--master-addr, workers --headless), no Ray at all.
+    distributed_executor_backend: Literal["ray", "mp"] = "ray"
 
 
 SGLANG_ONLY = {
@@ -196,6 +200,9 @@ class ClusterConfig(_Strict):
     nodes: list[NodeConfig] = Field(min_length=1)
     model: ModelConfig
     image: ImageRef = Field(description="engine image (default per engine)")
+    engine_version: EngineVersion = Field(
+        description="the engine version inside `image` (default per engine): command lines are built and checked for it"
+    )
     image_timeout_minutes: int = Field(default=60, ge=1, le=1440)
     image_build: ImageBuildConfig | None = Field(default=None, description="build `image` on each node")
     serving: ServingConfig
@@ -219,6 +226,7 @@ class ClusterConfig(_Strict):
         defaults = ENGINE_DEFAULTS.get(engine if isinstance(engine, str) else "", {})
         data = dict(data)
         data.setdefault("image", defaults.get("image"))
+        data.setdefault("engineVersion", defaults.get("engineVersion"))
         for section in ("serving", "model"):
             if isinstance(data.get(section), dict):
                 data[section] = {**defaults.get(section, {}), **data[section]}
@@ -228,11 +236,13 @@ class ClusterConfig(_Strict):
 ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
     "sglang": {
         "image": "lmsysorg/sglang:dev-dsv41",
+        "engineVersion": "0.5.23",
         "serving": {"port": 8888},
         "model": {"profile": "deepseek-v4.1-flash-mxfp4"},
     },
     "vllm": {
         "image": "vllm/vllm-openai:v0.31.0",
+        "engineVersion": "0.31.0",
         "serving": {"port": 8000},
         "model": {"profile": "deepseek-v4.1-flash-nvfp4"},
     },
@@ -340,7 +350,7 @@ def _errors(exc: ValidationError, root: str = "cluster") -> list[str]:
 
 
 GROUP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,14}[a-z0-9])?$")
-GROUP_FIELDS = ("engine", "nodes", "model", "image", "imageBuild", "imageTimeoutMinutes", "serving", "engram",
+GROUP_FIELDS = ("engine", "nodes", "model", "image", "engineVersion", "imageBuild", "imageTimeoutMinutes", "serving", "engram",
                 "fabric", "share", "readiness", "memory", "topology", "stateDir")  # fmt: skip
 
 

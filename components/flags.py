@@ -35,7 +35,9 @@ is the consumer.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -50,47 +52,48 @@ class ManagedFlag:
         return (self.flag, *self.aliases)
 
 
-_SGL = "python/sglang/srt/server_args.py ServerArgs"
+_SGL = "sglang/srt/arg_groups/fields/"  # 0.5.21+: ServerArgs' fields, one module per namespace
+_SGL_ADD = "sglang/srt/server_args.py ServerArgs.add_cli_args"
 _VLLM_ENGINE = "vllm/engine/arg_utils.py EngineArgs.add_cli_args"
-_VLLM_FRONTEND = "vllm/entrypoints/openai/cli_args.py FrontendArgs (--{field} from the dataclass)"
+_VLLM_FRONTEND = "vllm/entrypoints/common/cli_args.py FrontendArgs (0.33; vllm/entrypoints/openai/cli_args.py before)"
 
 # `python3 -m sglang.launch_server` as plan.sglang_args builds it; --api-key is appended by the
 # launch wrapper on the head (plan.launch_wrapper, key="arg").
 SGLANG: tuple[ManagedFlag, ...] = (
     ManagedFlag("--model-path", ("--model",), "the checkpoint mount (plan.MODEL_MOUNT)",
-                f"{_SGL}.model_path, Arg(aliases=['--model'])"),
-    ManagedFlag("--served-model-name", (), "model.servedName", f"{_SGL}.served_model_name"),
-    ManagedFlag("--trust-remote-code", (), "always on (plan.sglang_args)", f"{_SGL}.trust_remote_code (switch)"),
-    ManagedFlag("--load-format", (), "fixed: safetensors (plan.sglang_args)", f"{_SGL}.load_format"),
+                f"{_SGL}model.py model_path, Arg(aliases=['--model'])"),
+    ManagedFlag("--served-model-name", (), "model.servedName", f"{_SGL}model.py served_model_name"),
+    ManagedFlag("--trust-remote-code", (), "always on (plan.sglang_args)", f"{_SGL}model.py trust_remote_code (switch)"),
+    ManagedFlag("--load-format", (), "fixed: safetensors (plan.sglang_args)", f"{_SGL}model.py load_format"),
     ManagedFlag("--tp", ("--tp-size", "--tensor-parallel-size"), "serving.tpSize",
-                f"{_SGL}.tp_size, Arg(aliases=['--tensor-parallel-size']); `--tp` is argparse's abbreviation "
-                "of --tp-size upstream (older releases: add_argument('--tensor-parallel-size', '--tp-size')), "
-                "declared in sim/testdouble/flags.py"),
+                f"{_SGL}parallel.py tp_size, Arg(aliases=['--tensor-parallel-size']); `--tp` is argparse's "
+                "abbreviation of --tp-size (no other option starts with it)"),
     ManagedFlag("--ep-size", ("--expert-parallel-size", "--ep"), "serving.epSize",
-                f"{_SGL}.ep_size, Arg(aliases=['--expert-parallel-size', '--ep'])"),
-    ManagedFlag("--nnodes", (), "the number of nodes", f"{_SGL}.nnodes"),
-    ManagedFlag("--node-rank", (), "the rank's index in nodes", f"{_SGL}.node_rank"),
+                f"{_SGL}parallel.py ep_size"),
+    ManagedFlag("--nnodes", (), "the number of nodes", f"{_SGL}parallel.py nnodes"),
+    ManagedFlag("--node-rank", (), "the rank's index in nodes", f"{_SGL}parallel.py node_rank"),
     ManagedFlag("--dist-init-addr", ("--nccl-init-addr",), "head fabricIp + serving.distPort",
-                f"{_SGL}.dist_init_addr, Arg(aliases=['--nccl-init-addr'])"),
-    ManagedFlag("--host", (), "fixed: 0.0.0.0 (plan.sglang_args)", f"{_SGL}.host"),
-    ManagedFlag("--port", (), "serving.port", f"{_SGL}.port"),
-    ManagedFlag("--api-key", (), "the apiKey secret, appended by the launch wrapper", f"{_SGL}.api_key"),
-    ManagedFlag("--context-length", (), "serving.contextLength", f"{_SGL}.context_length"),
-    ManagedFlag("--max-total-tokens", (), "serving.maxTotalTokens", f"{_SGL}.max_total_tokens"),
-    ManagedFlag("--max-running-requests", (), "serving.maxRunningRequests", f"{_SGL}.max_running_requests"),
-    ManagedFlag("--cuda-graph-max-bs", (), "serving.maxRunningRequests",
-                f"{_SGL}.cuda_graph_max_bs (docs/advanced_features/server_arguments.md)"),
-    ManagedFlag("--mem-fraction-static", (), "serving.memFractionStatic", f"{_SGL}.mem_fraction_static"),
-    ManagedFlag("--chunked-prefill-size", (), "serving.chunkedPrefillSize", f"{_SGL}.chunked_prefill_size"),
-    ManagedFlag("--random-seed", (), "fixed: 0 (plan.sglang_args)", f"{_SGL}.random_seed"),
-    ManagedFlag("--enable-decoder-swa-bounded-replay", (), "always on (plan.sglang_args)",
-                f"{_SGL}.enable_decoder_swa_bounded_replay (switch)"),
-    ManagedFlag("--tool-call-parser", (), "fixed: deepseekv41 (plan.sglang_args)", f"{_SGL}.tool_call_parser"),
+                f"{_SGL}parallel.py dist_init_addr"),
+    ManagedFlag("--host", (), "fixed: 0.0.0.0 (plan.sglang_args)", f"{_SGL}serving.py host"),
+    ManagedFlag("--port", (), "serving.port", f"{_SGL}serving.py port"),
+    ManagedFlag("--api-key", (), "the apiKey secret, appended by the launch wrapper", f"{_SGL}serving.py api_key"),
+    ManagedFlag("--context-length", (), "serving.contextLength", f"{_SGL}model.py context_length"),
+    ManagedFlag("--max-total-tokens", (), "serving.maxTotalTokens", f"{_SGL}memory.py max_total_tokens"),
+    ManagedFlag("--max-running-requests", (), "serving.maxRunningRequests", f"{_SGL}schedule.py max_running_requests"),
+    ManagedFlag("--cuda-graph-max-bs-decode", (), "serving.maxRunningRequests (graphs the memory plan counts)",
+                f"{_SGL}exec_.py cuda_graph_max_bs_decode (0.5.15+; `--cuda-graph-max-bs` is gone from 0.5.20)"),
+    ManagedFlag("--mem-fraction-static", (), "serving.memFractionStatic", f"{_SGL}memory.py mem_fraction_static"),
+    ManagedFlag("--chunked-prefill-size", (), "serving.chunkedPrefillSize", f"{_SGL}schedule.py chunked_prefill_size"),
+    ManagedFlag("--random-seed", (), "fixed: 0 (plan.sglang_args)", f"{_SGL}model.py random_seed"),
+    ManagedFlag("--enable-decoder-swa-bounded-replay", ("--no-enable-decoder-swa-bounded-replay",),
+                "always on (plan.sglang_args)",
+                f"{_SGL}exec_.py enable_decoder_swa_bounded_replay (BooleanOptionalAction: --no- turns it off)"),
+    ManagedFlag("--tool-call-parser", (), "fixed: deepseekv41 (plan.sglang_args)", f"{_SGL_ADD} --tool-call-parser (dynamic choices)"),
     ManagedFlag("--reasoning-parser", (), "fixed: deepseek-v41 (plan.sglang_args)",
-                f"{_SGL}.reasoning_parser (choices added in add_cli_args)"),
-    ManagedFlag("--speculative-algorithm", (), "serving.specAlgo", f"{_SGL}.speculative_algorithm"),
+                f"{_SGL_ADD} --reasoning-parser (dynamic choices)"),
+    ManagedFlag("--speculative-algorithm", (), "serving.specAlgo", f"{_SGL}spec.py speculative_algorithm"),
     ManagedFlag("--speculative-dspark-block-size", (), "serving.dsparkBlockSize",
-                f"{_SGL}.speculative_dspark_block_size"),
+                f"{_SGL}spec.py speculative_dspark_block_size"),
 )  # fmt: skip
 
 # `vllm serve MODEL ...` as plan.vllm_serve_args builds it; the API key reaches vLLM as
@@ -106,7 +109,8 @@ VLLM: tuple[ManagedFlag, ...] = (
                 f"{_VLLM_ENGINE} parallel_group"),
     ManagedFlag("--kv-cache-dtype", (), "serving.kvCacheDtype", f"{_VLLM_ENGINE} cache_group (CacheConfig.cache_dtype)"),
     ManagedFlag("--max-model-len", (), "serving.maxModelLen", f"{_VLLM_ENGINE} model_group"),
-    ManagedFlag("--gpu-memory-utilization", (), "serving.gpuMemoryUtilization", f"{_VLLM_ENGINE} cache_group"),
+    ManagedFlag("--gpu-memory-utilization", ("--device-memory-utilization",), "serving.gpuMemoryUtilization",
+                f"{_VLLM_ENGINE} cache_group (--device-memory-utilization: its alias)"),
     ManagedFlag("--host", (), "fixed: 0.0.0.0 (plan.vllm_serve_args)", f"{_VLLM_FRONTEND}.host"),
     ManagedFlag("--port", (), "serving.port", f"{_VLLM_FRONTEND}.port"),
     ManagedFlag("--api-key", (), "the apiKey secret, exported as VLLM_API_KEY", f"{_VLLM_FRONTEND}.api_key"),
@@ -119,10 +123,16 @@ ENGINES: dict[str, tuple[ManagedFlag, ...]] = {"sglang": SGLANG, "vllm": VLLM}
 # refused in extraArgs the same way (aliases, prefixes, underscores).
 UNPLANNED: dict[str, tuple[ManagedFlag, ...]] = {
     "sglang": (
-        ManagedFlag("--cuda-graph-bs", (), "refused: captures batch sizes the memory plan does not count",
-                    f"{_SGL}.cuda_graph_bs"),
+        ManagedFlag("--cuda-graph-bs-decode", (), "refused: captures batch sizes the memory plan does not count",
+                    f"{_SGL}exec_.py cuda_graph_bs_decode"),
+        ManagedFlag("--cuda-graph-bs-prefill", (), "refused: captures prefill graphs the memory plan does not count",
+                    f"{_SGL}exec_.py cuda_graph_bs_prefill"),
+        ManagedFlag("--cuda-graph-max-bs-prefill", (), "refused: prefill graphs the memory plan does not count",
+                    f"{_SGL}exec_.py cuda_graph_max_bs_prefill"),
+        ManagedFlag("--cuda-graph-config", (), "refused: its JSON wins over the per-phase graph flags the plan sets",
+                    f"{_SGL}exec_.py cuda_graph_config (type_parser=parse_cuda_graph_config_arg)"),
         ManagedFlag("--speculative-num-draft-tokens", (), "refused: serving.dsparkBlockSize sets it (block + 1)",
-                    f"{_SGL}.speculative_num_draft_tokens"),
+                    f"{_SGL}spec.py speculative_num_draft_tokens"),
     ),
     "vllm": (
         ManagedFlag("--kv-cache-memory-bytes", (), "refused: replaces serving.gpuMemoryUtilization in the plan",
@@ -190,3 +200,104 @@ def managed_flag(arg: str, engine: str) -> str | None:
     """
     entry = managed_entry(arg, engine)
     return entry.flag if entry else None
+
+
+# ------------------------------------------------------------------ engine versions and their options ----
+# The option tables of the real engines, dumped from the PyPI packages by `components/argcheck.py
+# --dump-options` (tests/conformance checks they still match). The simulator's engine double builds its
+# parser from the same files, so the sim refuses what the real parser refuses.
+OPTIONS_DIR = Path(__file__).parent / "options"
+
+# The oldest release each engine may be declared at: the DeepSeek-V4.1 flags the program sets
+# (DSPARK, the deepseekv41 parsers, --attention-backend dsv4) first appear in SGLang 0.5.21; the
+# seed's vLLM path needs vLLM >= 0.31.0.
+MIN_VERSION = {"sglang": "0.5.21", "vllm": "0.31.0"}
+
+
+@dataclass(frozen=True)
+class FlagChange:
+    """A flag that only some releases of an engine have (checked at preview for the declared version)."""
+
+    engine: str
+    flag: str
+    replacement: str  # what to write instead
+    added: str | None = None  # the first release that has it
+    removed: str | None = None  # the first release that no longer has it
+    source: str = ""
+
+
+HISTORY: tuple[FlagChange, ...] = (
+    FlagChange("sglang", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", removed="0.5.20",
+               source="deprecated alias of --cuda-graph-max-bs-decode in 0.5.15-0.5.19; from 0.5.20 argparse finds "
+                      "it ambiguous (--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill)"),
+    FlagChange("sglang", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs", added="0.5.15"),
+    FlagChange("sglang", "--speculative-dspark-block-size", "an SGLang release with DSPARK (0.5.21+)", added="0.5.21"),
+    FlagChange("vllm", "--ray-address", "RAY_ADDRESS in the environment (the program sets it)", removed="0.31.0",
+               source="refused by vLLM 0.31.0 and 0.33.0 (the seed's `--ray-address auto`)"),
+)  # fmt: skip
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``0.5.15.post1`` -> (0, 5, 15, 1): release order."""
+    parts = version.replace(".post", ".").split(".")
+    return tuple(int(p) for p in parts if p.isdigit())
+
+
+def history_problem(engine: str, flag: str, version: str) -> FlagChange | None:
+    """The change that makes ``flag`` (an exact option string) absent from ``engine`` ``version``."""
+    v = version_key(version)
+    for c in HISTORY:
+        if c.engine == engine and c.flag == flag:
+            if (c.removed and v >= version_key(c.removed)) or (c.added and v < version_key(c.added)):
+                return c
+    return None
+
+
+def load_options(engine: str, version: str) -> dict | None:
+    """The real parser's option table of ``engine`` ``version`` (None: none was dumped for it)."""
+    path = OPTIONS_DIR / f"{engine}-{version}.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def known_versions(engine: str) -> list[str]:
+    return sorted((p.stem.split("-", 1)[1] for p in OPTIONS_DIR.glob(f"{engine}-*.json")), key=version_key)
+
+
+def resolve(token: str, table: dict) -> tuple[str | None, list[str]]:
+    """What the real parser makes of one option token (``--flag`` or ``--flag=value``), with argparse's
+    rules: an exact option string, else (``allow_abbrev``) the one long option it is a prefix of.
+    Returns (the option string it resolves to or None, the candidates when ambiguous or none)."""
+    key = token.split("=", 1)[0]
+    if table["engine"] == "vllm":
+        key = _option_key(key, "vllm")
+    strings = [o for row in table["options"] for o in row["options"]]
+    if key in strings:
+        return key, []
+    if table.get("allow_abbrev", True) and key.startswith("--") and len(key) > 2:
+        matches = [o for o in strings if o.startswith(key) and o.startswith("--")]
+        dests = {row["dest"] for row in table["options"] for o in row["options"] if o in matches}
+        if len(dests) == 1:
+            return matches[0], []
+        return None, matches
+    if not key.startswith("--") and len(key) > 1:  # single-dash: argparse matches prefixes of short options too
+        matches = [o for o in strings if not o.startswith("--") and o.startswith(key)]
+        if len(matches) == 1:
+            return matches[0], []
+        return None, matches
+    return None, []
+
+
+def option_tokens(argv: list[str]) -> list[str]:
+    """The elements of ``argv`` the parser reads as options (not values, not negative numbers)."""
+    out = []
+    for a in argv:
+        if not a.startswith("-") or a in ("-", "--"):
+            continue
+        try:
+            float(a)
+            continue
+        except ValueError:
+            out.append(a)
+    return out

@@ -26,6 +26,7 @@ class GroupArgs:
     api_key: Any  # secret Output[str]
     nodes: list[SparkNode]
     volumes: list[docker.Volume]  # the checkpoint volume on each node
+    images: list[pulumi.Resource] = field(default_factory=list)  # the serving image on each node
     prerequisites: list[pulumi.Resource] = field(default_factory=list)  # on every node: what must exist first
     # What must be done before this group may be taken down for a change: the previous group back in
     # the router's rotation (a rolling change: one group at a time).
@@ -125,6 +126,30 @@ def rank_container(
             custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="10m"),
         ),
     )
+
+
+def argv_checks(name: str, args: GroupArgs, parent) -> list[remote.Command]:
+    """`<name>-rank<i>-argcheck` on each node: the image's own engine parsers on the exact argv of that
+    rank (components/argcheck.py). Upstream of the group generation, so a command line the image
+    refuses fails `up` in seconds, before the running group is taken down or any rank starts."""
+    checks = []
+    for spec, command in zip(args.group.specs, args.group.argchecks):
+        node = args.nodes[spec.rank]
+        checks.append(remote.Command(
+            f"{name}-rank{spec.rank}-argcheck",
+            connection=node.connection,
+            create=command,
+            stdin=args.group.argcheck_program,
+            # A rebuilt or re-pulled image under the same tag has other parsers: check it again.
+            triggers=[args.images[spec.rank].id] if args.images else [],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(
+                parent=parent,
+                # It runs the node's image with the node's checkpoint volume mounted.
+                depends_on=[node.preflight, *args.images[spec.rank:spec.rank + 1], args.volumes[spec.rank]],
+            ),
+        ))  # fmt: skip
+    return checks
 
 
 def group_generation(

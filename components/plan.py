@@ -199,7 +199,7 @@ def memory_plan(cfg: ClusterConfig) -> MemoryPlan:
     window = prof.window_pool_gb * GB / GIB
     pool = s.mem_fraction_static * cfg.memory.unified_gib
     outside = cfg.memory.unified_gib - pool
-    # Graphs are captured up to --cuda-graph-max-bs, which is maxRunningRequests: planned at that size.
+    # Graphs are captured up to --cuda-graph-max-bs-decode, which is maxRunningRequests: planned at that size.
     graphs = prof.cuda_graph_gb_at_bs16 * s.max_running_requests / 16 * GB / GIB
     nccl = prof.nccl_tuned_gb * GB / GIB if cfg.fabric.tuned_buffers else prof.nccl_default_gib
     floor = cfg.memory.runtime_floor_gib
@@ -330,7 +330,6 @@ def nccl_env(cfg: ClusterConfig) -> dict[str, str]:
     if cfg.topology == "ring":  # 4 Sparks without a switch
         env.update(
             NCCL_ALGO="Ring",
-            NCCL_SKIP_TREE_CONNECT="1",
             NCCL_IB_SUBNET_PREFIX_LEN="24",
             NCCL_MIN_NCHANNELS="4",
             NCCL_P2P_LEVEL="SYS",
@@ -338,6 +337,11 @@ def nccl_env(cfg: ClusterConfig) -> dict[str, str]:
     if f.gid_index is not None:
         env["NCCL_IB_GID_INDEX"] = str(f.gid_index)
     return env
+
+
+# Read only by the DeepSeek-V4.1 adapter in the image (/opt/dsv41), not by SGLang itself: the
+# conformance tier checks every other SGLANG_* name against sglang's own env table.
+ADAPTER_ENV = frozenset({"SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "SGLANG_DSV41_REASONING_EFFORT"})
 
 
 def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
@@ -395,7 +399,8 @@ def sglang_args(cfg: ClusterConfig, rank: int, metrics: bool = False) -> list[st
         "--context-length", str(s.context_length),
         "--max-total-tokens", str(s.max_total_tokens),
         "--max-running-requests", str(s.max_running_requests),
-        "--cuda-graph-max-bs", str(s.max_running_requests),
+        # graphs captured up to the batch the plan counts; the flag's name is 0.5.15+ (rule engine-version)
+        "--cuda-graph-max-bs-decode", str(s.max_running_requests),
         "--mem-fraction-static", f"{s.mem_fraction_static:g}",
         "--chunked-prefill-size", str(s.chunked_prefill_size),
         "--random-seed", "0",
@@ -427,8 +432,14 @@ fi
 echo "deepseek-spark: rank ${NODE_RANK:-?} NCCL_IB_GID_INDEX=$NCCL_IB_GID_INDEX"
 """
 
+def ray_head_args(port: str, ip: str) -> list[str]:
+    """`ray start` on the vLLM head (the script passes "$RAY_PORT" "$VLLM_HOST_IP"; the argument check
+    passes the values)."""
+    return ["start", "--head", "--port", port, "--node-ip-address", ip, "--num-gpus", "1", "--disable-usage-stats"]
+
+
 # vLLM head: start the Ray head, wait until every node's Ray worker has joined, then serve.
-VLLM_HEAD_RUN = r"""ray start --head --port "$RAY_PORT" --node-ip-address "$VLLM_HOST_IP" --num-gpus 1 --disable-usage-stats
+VLLM_HEAD_RUN = "ray " + " ".join(ray_head_args('"$RAY_PORT"', '"$VLLM_HOST_IP"')) + r"""
 python3 - <<'GATE'
 import os, sys, time
 import ray
@@ -544,14 +555,17 @@ def vllm_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
         "VLLM_HOST_IP": node.fabric_ip,  # Ray and vLLM pick this node's fabric address, not the first IP
         "HOST_IP": node.fabric_ip,
         "TP_SOCKET_IFNAME": cfg.fabric.socket_ifname,
-        "RAY_memory_monitor_refresh_ms": "0",  # unified memory: Ray's OOM killer would kill the engine
-        "RAY_ADDRESS": f"{head(cfg).fabric_ip}:{s.ray_port}",
-        "RAY_PORT": str(s.ray_port),
-        "DSPARK_RAY_NODES": str(len(cfg.nodes)),
         "DSPARK_CHECKPOINT_REVISION": cfg.model.revision,
         "NODE_RANK": str(rank),
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
     }
+    if s.distributed_executor_backend == "ray":
+        env.update({
+            "RAY_memory_monitor_refresh_ms": "0",  # unified memory: Ray's OOM killer would kill the engine
+            "RAY_ADDRESS": f"{head(cfg).fabric_ip}:{s.ray_port}",
+            "RAY_PORT": str(s.ray_port),
+            "DSPARK_RAY_NODES": str(len(cfg.nodes)),
+        })
     env.update(s.extra_env)
     return dict(sorted(env.items()))
 
@@ -574,25 +588,82 @@ def vllm_serve_args(cfg: ClusterConfig) -> list[str]:
     return args + list(s.extra_args)
 
 
+# A Ray worker joins only once the head's GCS answers (bounded by DSPARK_RAY_WAIT, 900 s): a head that
+# is still starting is not a failed group. Once joined, `ray start --block` exits when the cluster is
+# lost, and the rank stops with it (a group fails as a whole).
+RAY_WORKER_RUN = r"""python3 - <<'WAIT'
+import os, socket, sys, time
+host, port = os.environ["RAY_ADDRESS"].rsplit(":", 1)
+deadline = time.time() + int(os.environ.get("DSPARK_RAY_WAIT", "900"))
+tries = 0
+while True:
+    tries += 1
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        break
+    except OSError as e:
+        if time.time() > deadline:
+            print(f"deepseek-spark: the Ray head {host}:{port} did not answer in time ({tries} tries: {e})", flush=True)
+            sys.exit(1)
+        if tries == 1 or tries % 10 == 0:
+            print(f"deepseek-spark: waiting for the Ray head {host}:{port} ({e})", flush=True)
+        time.sleep(2)
+WAIT
+exec "$@"
+"""
+
+
+def vllm_mp_args(cfg: ClusterConfig, rank: int) -> list[str]:
+    """vLLM's own multi-node launcher (distributedExecutorBackend: mp, no Ray): every node runs `vllm
+    serve` with the same flags; node 0 serves the API, the others run --headless."""
+    s = cfg.serving
+    args = ["--nnodes", str(len(cfg.nodes)), "--node-rank", str(rank),
+            "--master-addr", head(cfg).fabric_ip, "--master-port", str(s.dist_port)]  # fmt: skip
+    return args + (["--headless"] if rank else [])
+
+
 def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
-    """Node 0: Ray head + `vllm serve` once every Ray worker joined; other nodes: a Ray worker."""
+    """backend ray: node 0 runs a Ray head + `vllm serve` once every Ray worker joined, other nodes a Ray
+    worker. backend mp: every node runs `vllm serve`, node 0 with the API, the others --headless."""
+    mp = cfg.serving.distributed_executor_backend == "mp"
     specs = []
     for rank, node in enumerate(cfg.nodes):
         mounts = [Mount(MODEL_MOUNT, checkpoint_volume_name(stack), "volume", True)]
         if rank == 0:
             mounts.append(Mount(API_KEY_MOUNT, api_key_path(cfg, stack), "bind", True))
-            entrypoint = ["/bin/sh", "-c", launch_wrapper(VLLM_HEAD_RUN, key="env:VLLM_API_KEY"), "vllm-head"]
+        if mp:
+            run, key, role = 'exec vllm "$@"', ("env:VLLM_API_KEY" if rank == 0 else None), "vllm-node"
+            args = vllm_serve_args(cfg) + vllm_mp_args(cfg, rank)
+        elif rank == 0:
+            run, key, role = VLLM_HEAD_RUN, "env:VLLM_API_KEY", "vllm-head"
             args = vllm_serve_args(cfg)
         else:
-            entrypoint = ["/bin/sh", "-c", launch_wrapper('exec "$@"', key=None), "ray-worker"]
+            run, key, role = RAY_WORKER_RUN, None, "ray-worker"
             args = ["ray", "start", "--block", "--address", f"{head(cfg).fabric_ip}:{cfg.serving.ray_port}",
                     "--node-ip-address", node.fabric_ip, "--num-gpus", "1", "--disable-usage-stats"]  # fmt: skip
         specs.append(
             RankSpec(rank=rank, node=node.name, container_name=container_name(stack, rank), image=cfg.image,
-                     entrypoint=entrypoint, args=args, env=vllm_env(cfg, rank), mounts=mounts,
-                     checkpoint=volume_options(cfg, rank), generation=cfg.serving.generation)
+                     entrypoint=["/bin/sh", "-c", launch_wrapper(run, key=key), role], args=args,
+                     env=vllm_env(cfg, rank), mounts=mounts, checkpoint=volume_options(cfg, rank),
+                     generation=cfg.serving.generation)
         )  # fmt: skip
     return specs
+
+
+ARGCHECK_KEY = "argcheck-placeholder-not-the-key"  # stands in for the API key the head's wrapper appends
+
+
+def rank_checks(cfg: ClusterConfig, spec: RankSpec) -> list[tuple[str, list[str]]]:
+    """What the image's own parsers check for one rank before the group starts: (engine, argv) pairs,
+    the exact argv the rank's entrypoint hands to each program (components/argcheck.py)."""
+    if cfg.engine == "sglang":
+        return [("sglang", spec.args + (["--api-key", ARGCHECK_KEY] if spec.rank == 0 else []))]
+    if spec.args[:1] == ["ray"]:  # a Ray worker
+        return [("ray", spec.args[1:])]
+    checks = [("vllm", spec.args)]
+    if cfg.serving.distributed_executor_backend == "ray":
+        checks.insert(0, ("ray", ray_head_args(str(cfg.serving.ray_port), cfg.nodes[spec.rank].fabric_ip)))
+    return checks
 
 
 def group_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[RankSpec]:

@@ -54,6 +54,9 @@ def _engine_fields(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out = []
     s = cfg.serving
     other, mine = (VLLM_ONLY, "sglang") if cfg.engine == "sglang" else (SGLANG_ONLY, "vllm")
+    # vLLM's mp backend rendezvous at distPort; Ray's port means nothing to it
+    if cfg.engine == "vllm" and s.distributed_executor_backend == "mp":
+        other = (other - {"dist_port"}) | {"ray_port"}
     for name in sorted(s.model_fields_set & other):
         field = f"serving.{_camel(name)}"
         out.append(Finding("engine-fields", field, getattr(s, name),
@@ -139,7 +142,10 @@ RAY_DASHBOARD_PORT = 8265  # `ray start --head` listens there on every interface
 def _ports(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     s = cfg.serving
     fix = "use the seeds' ports: sglang port 8888 / distPort 20000, vllm port 8000 / rayPort 6379"
-    ports = [("port", s.port)] + ([("distPort", s.dist_port)] if cfg.engine == "sglang" else [("rayPort", s.ray_port)])
+    # the second port: SGLang's and vLLM mp's rendezvous (distPort), or the Ray head's (rayPort)
+    second = ("rayPort", s.ray_port) if cfg.engine == "vllm" and s.distributed_executor_backend == "ray" \
+        else ("distPort", s.dist_port)
+    ports = [("port", s.port), second]
     taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard"}
     taken.update({n.ssh_port: f"nodes[{i}].sshPort" for i, n in enumerate(cfg.nodes)})
     out = []
@@ -322,6 +328,55 @@ def _extra_args(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
             out.append(Finding("extra-args-not-managed", f"serving.extraArgs[{i}]", arg,
                                f"{cfg.engine} reads it as {entry.flag}, which the program sets ({entry.setting})",
                                "remove it and set the matching field (the API key: the apiKey secret)"))  # fmt: skip
+    return out
+
+
+@rule("engine-version")
+def _engine_version(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
+    """Every option on every rank's command line must exist in the declared engine release: releases
+    rename and remove flags (SGLang 0.5.20 dropped --cuda-graph-max-bs), and a rank given an unknown or
+    ambiguous flag exits at boot. Checked against the real parser's option table where one was dumped
+    (components/options), and against flags.HISTORY for any release."""
+    engine, version = cfg.engine, cfg.engine_version
+    minimum = flags.MIN_VERSION[engine]
+    if flags.version_key(version) < flags.version_key(minimum):
+        return [Finding("engine-version", "engineVersion", version,
+                        f"is older than {engine} {minimum}, the first release with the flags this program sets",
+                        f"use an image with {engine} >= {minimum} and declare its version in engineVersion")]  # fmt: skip
+    table = flags.load_options(engine, version)
+    extra = {a: i for i, a in enumerate(cfg.serving.extra_args)}
+    out, seen = [], set()
+    for spec in plan.group_specs(cfg, stack or "check"):
+        for program, argv in plan.rank_checks(cfg, spec):
+            for token in flags.option_tokens(argv) if program == engine else ():
+                if token in seen:
+                    continue
+                seen.add(token)
+                field = f"serving.extraArgs[{extra[token]}]" if token in extra else "engineVersion"
+                value = token if token in extra else version
+                change = flags.history_problem(engine, token.split("=", 1)[0], version)
+                if change is not None:
+                    when = f"removed in {change.removed}" if change.removed else f"added in {change.added}"
+                    out.append(Finding("engine-version", field, value,
+                                       f"{token} is not a flag of {engine} {version} ({when}; {change.source or 'flags.HISTORY'})",
+                                       f"write {change.replacement} instead" if token in extra
+                                       else f"declare the image's real engine version; this program needs {change.replacement}"))  # fmt: skip
+                    continue
+                if table is None:
+                    continue
+                resolved, candidates = flags.resolve(token, table)
+                if resolved is None:
+                    why = f"ambiguous: could match {', '.join(candidates[:4])}" if candidates else "no such option"
+                    out.append(Finding("engine-version", field, value,
+                                       f"{token} is refused by {engine} {version}'s parser ({why})",
+                                       "remove it or spell the option in full as this release names it"
+                                       if token in extra else "declare the engine version the image carries"))  # fmt: skip
+    if table is None:
+        known = ", ".join(flags.known_versions(engine)) or "none"
+        out.append(Finding("engine-version", "engineVersion", version,
+                           f"no option table for {engine} {version} here (known: {known}), so only renamed flags "
+                           "were checked at preview", "nothing to do: the image's own parser checks every rank's "
+                           "argv at up, before the group starts (the rank<i>-argcheck steps)", level="warning"))  # fmt: skip
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .group import GroupArgs, api_key_file, group_generation, rank_container
+from .group import GroupArgs, api_key_file, argv_checks, group_generation, rank_container
 
 
 class SglangGroup(pulumi.ComponentResource):
@@ -26,8 +26,10 @@ class SglangGroup(pulumi.ComponentResource):
         specs = args.group.specs
         self.revision = args.group.revision
         self.api_key_file = api_key_file(f"{name}-api-key", args.group, args.api_key, args.nodes[0], self)
+        self.argchecks = argv_checks(name, args, self)
         self.generation = group_generation(
-            f"{name}-generation", args.group, self.api_key_file, args.prerequisites, self, args.after
+            f"{name}-generation", args.group, self.api_key_file, [*args.prerequisites, *self.argchecks], self,
+            args.after,
         )
         self.ranks: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them

@@ -21,6 +21,7 @@ _HCA_LIST = re.compile(rf"^[=^]?{_NETDEV}(?::[0-9]{{1,2}})?(?:,{_NETDEV}(?::[0-9
 _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")  # served model name, kv cache dtype, profile
+_ENGINE_VERSION = re.compile(r"^\d{1,4}(\.\d{1,4}){1,3}(\.post\d{1,3})?$")
 _IMAGE = re.compile(
     r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"  # registry[:port]/
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # repository path

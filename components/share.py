@@ -25,7 +25,7 @@ class CheckpointShareArgs:
     stack: str
     export: Optional[ExportPlan]  # nfs mode with workers; the nodes' parts are in nodes[i].node
     nodes: list[SparkNode]
-    images: list[docker.RemoteImage]  # the download runs the engine image's huggingface-cli
+    images: list[docker.RemoteImage]  # the download runs the engine image's `hf` CLI
     hf_token: Optional[Any] = None  # secret Output[str], for source: download
 
 
@@ -51,7 +51,7 @@ class CheckpointShare(pulumi.ComponentResource):
                     parent=self,
                     # ~400 GiB fetched over hours: destroy leaves the checkpoint where it is.
                     retain_on_delete=True,
-                    # The download runs the engine image's huggingface-cli on a node that passed preflight.
+                    # The download runs the engine image's `hf` CLI on a node that passed preflight.
                     depends_on=[node.preflight, args.images[rank]],
                 ),
             )

@@ -15,6 +15,9 @@ from typing import Optional
 from . import commands, plan, routing
 from .config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
+# Runs inside the serving image (its python3 and engine packages), fed on stdin.
+ARGCHECK_PROGRAM = (Path(__file__).parent / "argcheck.py").read_text()
+
 
 @dataclass(frozen=True)
 class DownloadPlan:
@@ -81,6 +84,10 @@ class GroupPlan:
     key_file_delete: str
     key_file_path: str
     generation_record: str
+    # per rank: the image's own parsers on that rank's argv before the group starts (commands.argcheck,
+    # with components/argcheck.py on stdin)
+    argchecks: tuple[str, ...] = ()
+    argcheck_program: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,6 +230,11 @@ def build(
             key_file_delete=commands.api_key_delete(cfg, stack),
             key_file_path=plan.api_key_path(cfg, stack),
             generation_record=commands.generation_record(stack, revision),
+            argchecks=tuple(
+                commands.argcheck(spec, plan.rank_checks(cfg, spec), plan.checkpoint_volume_name(stack))
+                for spec in specs
+            ),
+            argcheck_program=ARGCHECK_PROGRAM,
         ),
         readiness=ReadinessPlan(commands.readiness(cfg, stack), cfg.readiness.timeout_seconds // 60 + 5),
         memory=plan.memory_plan(cfg),

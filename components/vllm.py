@@ -1,8 +1,9 @@
 """VllmRayGroup: vLLM with tensor parallelism across Sparks joined by Ray (seed 004).
 
 Node 0 runs the Ray head and, once Ray reports every node alive, `vllm serve`; the other nodes run
-Ray workers. The head starts first and is deleted last: each worker depends on the head, whose
-Ray head it joins. Same rules as SGLang otherwise: fixed names, `restart=no`, one group revision
+Ray workers. With `distributedExecutorBackend: mp` there is no Ray: every node runs `vllm serve`,
+node 0 with the API and the others `--headless`, joined by vLLM's own launcher. The head starts
+first and is deleted last: each worker depends on the head, whose Ray head (or master) it joins. Same rules as SGLang otherwise: fixed names, `restart=no`, one group revision
 label on every container so any change replaces the whole group.
 """
 
@@ -13,7 +14,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .group import GroupArgs, api_key_file, group_generation, rank_container
+from .group import GroupArgs, api_key_file, argv_checks, group_generation, rank_container
 
 
 class VllmRayGroup(pulumi.ComponentResource):
@@ -26,8 +27,10 @@ class VllmRayGroup(pulumi.ComponentResource):
         specs = args.group.specs
         self.revision = args.group.revision
         self.api_key_file = api_key_file(f"{name}-api-key", args.group, args.api_key, args.nodes[0], self)
+        self.argchecks = argv_checks(name, args, self)
         self.generation = group_generation(
-            f"{name}-generation", args.group, self.api_key_file, args.prerequisites, self, args.after
+            f"{name}-generation", args.group, self.api_key_file, [*args.prerequisites, *self.argchecks], self,
+            args.after,
         )
         self.ranks: list[docker.Container] = []
         for spec in specs:  # head first: every worker joins its Ray head (head created first, deleted last)

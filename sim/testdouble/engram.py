@@ -47,6 +47,8 @@ def checkpoint_files() -> dict[str, bytes]:
         "engram_layers": sorted(LAYER_ROWS),
     }
     files["config.json"] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+    # DSPARK's draft weights, bundled as a dspark/ subfolder (what argcheck looks for)
+    files["dspark/config.json"] = b'{"_comment": "SIMULATOR STAND-IN: fake DSPARK draft model (test double)"}\n'
     for i in range(1, SAFETENSOR_SHARDS + 1):
         name = f"model-{i:05d}-of-{SAFETENSOR_SHARDS:05d}.safetensors"
         header = json.dumps({"__metadata__": {"format": "pt", "sim": "test-double", "shard": str(i)}}).encode()

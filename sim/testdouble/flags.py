@@ -1,184 +1,126 @@
-"""Launcher flag tables of the TEST DOUBLES (the single place): ``sglang``
-(``python3 -m sglang.launch_server``) and ``vllm`` (``vllm serve MODEL``). ``ray`` is real Ray (the
-PyPI wheel in the engine image), so it has no table here.
+"""The TEST DOUBLES' parsers (``python3 -m sglang.launch_server``, ``vllm serve MODEL``), derived from
+the REAL engines' option tables: ``options/<engine>-<version>.json`` next to this module in the
+image (copied from ``components/options``, which ``components/argcheck.py --dump-options`` wrote
+from the PyPI packages; tests/conformance checks they still match the real parsers).
 
-Each table maps flag -> kind: ``"value"`` takes one argument, ``"values"`` one or more
-(argparse ``nargs="+"``), ``"bool"`` is a store_true switch. Typed flags are in ``TYPES``,
-restricted ones in ``CHOICES``, defaults in ``TABLE_DEFAULTS``, short aliases in ``ALIASES``.
-Every parser is strict like the real launchers: ``allow_abbrev=False`` and unknown flags exit 2.
+So the doubles accept exactly the option strings the real parsers accept, with the real ones'
+``allow_abbrev=True`` (a unique prefix resolves, an ambiguous one exits 2: ``ambiguous option``),
+``nargs``, int/float types, choices (the dynamic ones too, as the real ``add_cli_args`` computed
+them) and defaults, and unknown flags exit 2. What they do not reproduce: custom ``type=`` parsers
+(a value a real custom parser refuses, such as bad JSON for ``--cuda-graph-config``, is accepted as a
+string) and the engines' post-parse resolution; sim/adaptations.py lists that. ``ray`` is real Ray
+(the PyPI wheel in the engine image) and has no table here.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
+from pathlib import Path
 
-SGLANG_FLAGS: dict[str, str] = {
-    "--model-path": "value",
-    "--served-model-name": "value",
-    "--trust-remote-code": "bool",
-    "--load-format": "value",
-    "--tp": "value",
-    "--tp-size": "value",
-    "--ep-size": "value",
-    "--nnodes": "value",
-    "--node-rank": "value",
-    "--dist-init-addr": "value",
-    "--dist-timeout": "value",
-    "--host": "value",
-    "--port": "value",
-    "--api-key": "value",
-    "--context-length": "value",
-    "--max-total-tokens": "value",
-    "--max-running-requests": "value",
-    "--cuda-graph-max-bs": "value",
-    "--mem-fraction-static": "value",
-    "--chunked-prefill-size": "value",
-    "--attention-backend": "value",
-    "--moe-runner-backend": "value",
-    "--random-seed": "value",
-    "--enable-decoder-swa-bounded-replay": "bool",
-    "--tool-call-parser": "value",
-    "--reasoning-parser": "value",
-    "--speculative-algorithm": "value",
-    "--speculative-dspark-block-size": "value",
-    "--fp8-gemm-backend": "value",
-    "--watchdog-timeout": "value",
-    "--sleep-on-idle": "bool",
-    "--min-free-slots-delay": "value",
-    "--enable-metrics": "bool",
-    "--log-level": "value",
-}
+HERE = Path(__file__).parent
+# In the image the tables sit next to this module; in the repository they are components/options.
+OPTIONS_DIRS = (HERE / "options", HERE.parent.parent / "components" / "options")
+# The releases the doubles stand in for (one image carries both engines).
+VERSIONS = {"sglang": os.environ.get("DSPARK_SIM_SGLANG_VERSION", "0.5.23"),
+            "vllm": os.environ.get("DSPARK_SIM_VLLM_VERSION", "0.31.0")}
+TYPES = {"int": int, "float": float, "str": str}
 
-# `vllm serve MODEL [flags]` (MODEL is positional). Only flags real vLLM has; `--ray-address` is not one
-# (vLLM reads RAY_ADDRESS from the environment). `-tp` is vLLM's alias of --tensor-parallel-size.
-VLLM_FLAGS: dict[str, str] = {
-    "--served-model-name": "values",
-    "--tensor-parallel-size": "value",
-    "--distributed-executor-backend": "value",
-    "--kv-cache-dtype": "value",
-    "--max-model-len": "value",
-    "--host": "value",
-    "--port": "value",
-    "--api-key": "value",
-    "--gpu-memory-utilization": "value",
-    "--max-num-seqs": "value",
-    "--trust-remote-code": "bool",
-    "--enforce-eager": "bool",
-    "--disable-custom-all-reduce": "bool",
-    "--enable-prefix-caching": "bool",
-    "--uvicorn-log-level": "value",
-    "--disable-log-requests": "bool",
-}
 
-ENGINES: dict[str, dict[str, str]] = {
-    "sglang": SGLANG_FLAGS,
-    "vllm": VLLM_FLAGS,
-}
+def load_table(engine: str, version: str | None = None) -> dict:
+    version = version or VERSIONS[engine]
+    for d in OPTIONS_DIRS:
+        path = d / f"{engine}-{version}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError(f"TEST DOUBLE: no option table {engine}-{version}.json in {[str(d) for d in OPTIONS_DIRS]}")
 
-# every table a TEST DOUBLE parser is built from
-TABLES: dict[str, dict[str, str]] = dict(ENGINES)
 
-INT_FLAGS = {"--tp", "--tp-size", "--ep-size", "--nnodes", "--node-rank", "--port", "--dist-timeout"}
+def version_of(engine: str) -> str:
+    return VERSIONS[engine] + "+test-double"
 
-DEFAULTS = {"--host": "127.0.0.1", "--port": "30000", "--nnodes": "1", "--node-rank": "0"}
+
+def add_table(parser: argparse.ArgumentParser, table: dict) -> argparse.ArgumentParser:
+    """Add every option of a real parser's table to ``parser`` (help is argparse's own)."""
+    for row in table["options"]:
+        names, dest, kind = row["options"], row["dest"], row["kind"]
+        if kind == "exit":
+            if "--version" in names:
+                parser.add_argument(*names, action="version", version=table.get("version", "?"))
+            continue  # -h/--help: argparse adds its own
+        if kind in ("const", "switch", "boolean-optional"):
+            negatives = [n for n in names if kind == "boolean-optional" and n.startswith("--no-")]
+            positives = [n for n in names if n not in negatives]
+            const = row["const"] if kind == "const" else True
+            parser.add_argument(*positives, dest=dest, action="store_const", const=const, default=row["default"])
+            if negatives:
+                parser.add_argument(*negatives, dest=dest, action="store_const", const=False, default=row["default"])
+            continue
+        typ = TYPES.get(row["type"] or "str", str)
+        kw: dict = {"type": typ, "default": row["default"]}
+        if row["nargs"] is not None:
+            kw["nargs"] = row["nargs"]
+        if row["choices"] is not None:
+            try:
+                kw["choices"] = [typ(c) for c in row["choices"]]
+            except ValueError:
+                kw["choices"] = row["choices"]
+        if kind == "append":
+            kw["action"] = "append"
+        if names:
+            parser.add_argument(*names, dest=dest, required=row["required"], **kw)
+        else:  # a positional
+            parser.add_argument(dest, **kw)
+    return parser
+
+
+def build_parser(engine: str = "sglang", prog: str | None = None) -> argparse.ArgumentParser:
+    table = load_table(engine)
+    parser = argparse.ArgumentParser(
+        prog=prog or table["prog"],
+        description=f"TEST DOUBLE for {engine} {table['version']} (its real option table; not the real program)",
+        allow_abbrev=table.get("allow_abbrev", True),
+    )
+    return add_table(parser, table)
+
+
+def build_vllm_cli(version: str | None = None) -> argparse.ArgumentParser:
+    """The ``vllm`` command: ``vllm serve MODEL [options of the real serve parser]`` and ``vllm --version``."""
+    table = load_table("vllm")
+    top = argparse.ArgumentParser(prog="vllm", description="TEST DOUBLE of the vLLM CLI (dspark-sim); NOT vLLM")
+    top.add_argument("-v", "--version", action="version", version=version or version_of("vllm"))
+    sub = top.add_subparsers(dest="subparser", required=True)
+    add_table(sub.add_parser("serve", help="serve the OpenAI-compatible API (TEST DOUBLE)"), table)
+    return top
+
+
+def normalize_vllm_argv(argv: list[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser reads ``--max_model_len`` as ``--max-model-len`` (the name up to
+    the first ``.``; ``--flag.key value`` becomes ``--flag`` with JSON, not reproduced here)."""
+    out = []
+    for a in argv:
+        if a.startswith("--") and "_" in a.split("=", 1)[0]:
+            key, eq, val = a.partition("=")
+            name, dot, rest = key.partition(".")
+            a = name.replace("_", "-") + dot + rest + eq + val
+        out.append(a)
+    return out
+
+
+def parse_args(argv: list[str], engine: str = "sglang") -> argparse.Namespace:
+    """Parse like the real launcher: unknown or ambiguous flags -> exit code 2 (argparse ``error``)."""
+    if engine == "vllm":
+        return build_vllm_cli().parse_args(["serve", *normalize_vllm_argv(argv)])
+    return build_parser(engine).parse_args(argv)
 
 
 def human_int(text: str) -> int:
     """vLLM's human-readable integers: ``131072``, ``128k`` (x1024), ``1M``, ``25.6k`` -> int."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", str(text).strip())
     if not m:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}")
     num, unit = m.groups()
     if "." in num and not unit:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}")
     return int(float(num) * 1024 ** " kmg".index(unit.lower() or " "))
-
-
-TYPES: dict[str, dict[str, type | object]] = {
-    "sglang": {f: int for f in INT_FLAGS},
-    "vllm": {"--tensor-parallel-size": int, "--port": int, "--max-model-len": human_int,
-             "--gpu-memory-utilization": float, "--max-num-seqs": int},
-}
-
-CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
-    "sglang": {},
-    "vllm": {
-        "--distributed-executor-backend": ("ray", "mp", "uni", "external_launcher"),
-        "--kv-cache-dtype": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
-        "--uvicorn-log-level": ("critical", "error", "warning", "info", "debug", "trace"),
-    },
-}
-
-TABLE_DEFAULTS: dict[str, dict[str, str]] = {
-    "sglang": DEFAULTS,
-    "vllm": {"--tensor-parallel-size": "1", "--host": "0.0.0.0", "--port": "8000",
-             "--gpu-memory-utilization": "0.9", "--kv-cache-dtype": "auto", "--uvicorn-log-level": "info"},
-}
-
-ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
-    "sglang": {},
-    "vllm": {"--tensor-parallel-size": ("-tp",)},
-}
-
-PROGS = {"sglang": "python3 -m sglang.launch_server (TEST DOUBLE)", "vllm": "vllm serve (TEST DOUBLE)"}
-
-
-def add_table(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """Add every flag of table ``name`` to ``parser`` (types, choices, defaults, aliases)."""
-    types, choices = TYPES[name], CHOICES[name]
-    defaults, aliases = TABLE_DEFAULTS[name], ALIASES[name]
-    for flag, kind in TABLES[name].items():
-        names = [flag, *aliases.get(flag, ())]
-        dest = flag[2:].replace("-", "_")
-        if kind == "bool":
-            parser.add_argument(*names, dest=dest, action="store_true")
-            continue
-        typ = types.get(flag, str)
-        default = defaults.get(flag)
-        kw = {"nargs": "+"} if kind == "values" else {}
-        if flag in choices:
-            kw["choices"] = choices[flag]
-        parser.add_argument(*names, dest=dest, type=typ, default=typ(default) if default is not None else None,
-                            **kw)
-    return parser
-
-
-def build_parser(engine: str = "sglang", prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog or PROGS.get(engine, f"{engine} (TEST DOUBLE)"),
-        description=f"TEST DOUBLE for {engine} (simulator stand-in, not the real program)",
-        allow_abbrev=False,
-    )
-    if engine == "vllm":
-        parser.add_argument("model", metavar="MODEL", help="checkpoint directory (must hold config.json)")
-    return add_table(parser, engine)
-
-
-def build_vllm_cli(version: str = "0.0.0+test-double") -> argparse.ArgumentParser:
-    """The ``vllm`` command: ``vllm serve MODEL [VLLM_FLAGS]`` and ``vllm --version``."""
-    top = argparse.ArgumentParser(prog="vllm", allow_abbrev=False,
-                                  description="TEST DOUBLE of the vLLM CLI (dspark-sim); this is NOT vLLM")
-    top.add_argument("-v", "--version", action="version", version=version)
-    sub = top.add_subparsers(dest="subparser", required=True)
-    serve = sub.add_parser("serve", allow_abbrev=False, help="serve the OpenAI-compatible API (TEST DOUBLE)")
-    serve.add_argument("model", metavar="MODEL", help="checkpoint directory (must hold config.json)")
-    add_table(serve, "vllm")
-    return top
-
-
-def normalize_vllm_argv(argv: list[str]) -> list[str]:
-    """vLLM's FlexibleArgumentParser accepts ``--max_model_len`` for ``--max-model-len``."""
-    out = []
-    for a in argv:
-        if a.startswith("--") and "_" in a.split("=", 1)[0]:
-            key, eq, val = a.partition("=")
-            a = key.replace("_", "-") + eq + val
-        out.append(a)
-    return out
-
-
-def parse_args(argv: list[str], engine: str = "sglang") -> argparse.Namespace:
-    """Parse like the real launcher: unknown flags -> exit code 2 (argparse ``error``)."""
-    if engine == "vllm":
-        argv = normalize_vllm_argv(argv)
-    return build_parser(engine).parse_args(argv)

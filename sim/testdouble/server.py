@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
     signal.signal(signal.SIGTERM, lambda *_: die(engine, rank, "SIGTERM received, shutting down", 0))
     if nnodes < 1 or not 0 <= rank < nnodes:
         die(engine, rank, f"invalid --node-rank {rank} for --nnodes {nnodes}", 2)
-    group.log(f"TEST DOUBLE starting: model {args.model_path} tp {args.tp or args.tp_size} "
+    group.log(f"TEST DOUBLE starting: model {args.model_path} tp {args.tp_size} "
               f"nnodes {nnodes} node-rank {rank}")
     if nnodes > 1:
         if not args.dist_init_addr or ":" not in args.dist_init_addr:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
         if rank == 0:
             threading.Thread(target=group.serve_coordinator, args=(int(port_s),), daemon=True).start()
         else:
-            group.join(host, int(port_s), float(args.dist_timeout or 600))
+            group.join(host, int(port_s), float(getattr(args, "dist_timeout", None) or 600))
     else:
         group.formed.set()
         group.log("group formed (1/1 ranks)")

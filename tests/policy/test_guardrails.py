@@ -334,7 +334,7 @@ def test_the_checkpoint_download_may_write_but_nothing_else_may(recordings):
     assert run_policy("checkpoint-never-deleted", dl, stack="tp2") == []
     other_target = changed(dl, create=dl.inputs["create"].replace("--local-dir /download", "--local-dir /elsewhere"))
     assert run_policy("checkpoint-never-deleted", other_target, stack="tp2")
-    not_a_download = changed(dl, create=dl.inputs["create"].replace("--entrypoint huggingface-cli", "--entrypoint sh"))
+    not_a_download = changed(dl, create=dl.inputs["create"].replace("--entrypoint hf", "--entrypoint sh"))
     assert run_policy("checkpoint-never-deleted", not_a_download, stack="tp2")
 
 

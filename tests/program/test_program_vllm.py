@@ -90,7 +90,7 @@ def test_weights_downloaded_per_node_once_per_revision(rec):
         dl = rec.named(f"tp2-checkpoint-download-{node}")
         assert dl.inputs["triggers"] == [cfg["model"]["hfRepo"], cfg["model"]["revision"], cfg["model"]["checkpointDir"]]
         assert dl.retain_on_delete and "delete" not in dl.inputs
-        assert "huggingface-cli" in dl.inputs["create"] and "--revision" in dl.inputs["create"]
+        assert "--entrypoint hf " in dl.inputs["create"] and "--revision" in dl.inputs["create"]
         volume = rec.named(f"tp2-checkpoint-{node}")
         assert dl.urn in volume.dependencies
         assert volume.inputs["driverOpts"] == {"type": "none", "o": "bind", "device": cfg["model"]["checkpointDir"]}

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("--nccl-init-addr", "--dist-init-addr"),
         ("--max-total", "--max-total-tokens"),
         ("--max-running", "--max-running-requests"),
-        ("--cuda-graph-max", "--cuda-graph-max-bs"),
+        ("--cuda-graph-max", "--cuda-graph-max-bs-decode"),
         ("--chunked-prefill", "--chunked-prefill-size"),
         ("--speculative-dspark", "--speculative-dspark-block-size"),
         ("--speculative-algo=NONE", "--speculative-algorithm"),

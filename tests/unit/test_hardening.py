@@ -65,7 +65,7 @@ def test_cuda_graphs_are_planned_at_the_batch_size_actually_captured():
     cfg = parse_cluster(raw)
     graphs = plan.memory_plan(cfg).ranks[0].cuda_graphs_gib
     args = plan.sglang_args(cfg, 0)
-    assert args[args.index("--cuda-graph-max-bs") + 1] == "128"
+    assert args[args.index("--cuda-graph-max-bs-decode") + 1] == "128"
     assert graphs == pytest.approx(plan.PROFILES[cfg.model.profile].cuda_graph_gb_at_bs16 * 8 * 1e9 / 2**30)
     assert "CUDA graphs 41.7" in refused(raw, "serving.memFractionStatic")  # not outside the 0.80 pool
 

@@ -1,0 +1,129 @@
+"""Every rank's generated argv of every stack, parsed by the REAL engines' own parsers (PyPI sglang,
+vllm at the tp2 image's release and the newest, ray, sglang-router), and the program's flag and env
+tables checked against the real packages."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conformance.realenv import check_all, dump_options, env_names, site_packages
+
+from components import config, flags, plan, stackplan
+from harness import cluster_of, with_known_hosts
+
+ROOT = Path(__file__).resolve().parents[2]
+STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+ENV_OF = {"sglang": ["sglang-0.5.23"], "vllm": ["vllm-0.31.0", "vllm-0.33.0"], "ray": ["ray-router"],
+          "router": ["ray-router"]}
+TABLE_ENV = {("sglang", "0.5.23"): "sglang-0.5.23", ("vllm", "0.31.0"): "vllm-0.31.0",
+             ("vllm", "0.33.0"): "vllm-0.33.0"}
+
+
+def stack_checks(stack: str) -> list[tuple[str, str, list[str]]]:
+    """(what, program, argv) for every rank of every group, and the router."""
+    sc = config.parse_stack(with_known_hosts(cluster_of(stack)))
+    cp = stackplan.build_stack(sc, stack)
+    out = []
+    for entry, gp in zip(sc.groups, cp.groups):
+        for spec in gp.group.specs:
+            for program, argv in plan.rank_checks(entry.cfg, spec):
+                out.append((f"{stack} {gp.group_name} rank {spec.rank}", program, argv))
+    if cp.router is not None:
+        out.append((f"{stack} router", "router", list(cp.router.spec.args)))
+    return out
+
+
+def test_every_stack_is_covered():
+    assert {"tp2", "tp3", "tp4", "tp4x2", "sim", "sim-tp2", "sim-x2"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("program", sorted(ENV_OF))
+def test_every_rank_argv_of_every_stack_is_accepted(program):
+    checks = [(what, argv) for stack in STACKS for what, prog, argv in stack_checks(stack) if prog == program]
+    assert checks, program
+    for env in ENV_OF[program]:
+        results = check_all(env, [(program, argv) for _, argv in checks])
+        refused = [f"{what}: {r['flag']}: {r['message']}" for (what, _), r in zip(checks, results) if not r["ok"]]
+        assert not refused, f"{env} refuses:\n" + "\n".join(refused)
+
+
+def test_real_sglang_refuses_what_the_old_command_line_had():
+    """The fatal bug this tier exists for: 0.5.20+ finds --cuda-graph-max-bs ambiguous."""
+    argv = stack_checks("tp4")[0][2]
+    old = [a if a != "--cuda-graph-max-bs-decode" else "--cuda-graph-max-bs" for a in argv]
+    assert old != argv
+    [r] = check_all("sglang-0.5.23", [("sglang", old)])
+    assert not r["ok"]
+    assert r["flag"] == "--cuda-graph-max-bs" and "ambiguous option" in r["message"], r
+
+
+@pytest.mark.parametrize("bad, flag", [
+    (["--no-such-flag"], "--no-such-flag"),
+    (["--attention-backend", "no-such-backend"], "--attention-backend"),
+    (["--mem-fraction-static", "lots"], "--mem-fraction-static"),
+])
+def test_real_sglang_refusals_name_the_flag(bad, flag):
+    argv = stack_checks("tp4")[0][2] + bad
+    [r] = check_all("sglang-0.5.23", [("sglang", argv)])
+    assert not r["ok"] and r["flag"] == flag, r
+
+
+def test_real_vllm_refuses_the_seeds_ray_address():
+    argv = stack_checks("tp2")[-1][2] if stack_checks("tp2")[-1][1] == "vllm" else None
+    argv = next(a for _, p, a in stack_checks("tp2") if p == "vllm")
+    for env in ENV_OF["vllm"]:
+        [r] = check_all(env, [("vllm", argv + ["--ray-address", "auto"])])
+        assert not r["ok"] and r["flag"] == "--ray-address", (env, r)
+
+
+def test_vllm_mp_backend_argv_is_accepted():
+    raw = with_known_hosts(cluster_of("tp2"))
+    raw["serving"] = {**raw["serving"], "distributedExecutorBackend": "mp"}
+    cfg = config.parse_stack(raw).groups[0].cfg
+    checks = [c for spec in plan.group_specs(cfg, "tp2") for c in plan.rank_checks(cfg, spec)]
+    assert [p for p, _ in checks] == ["vllm", "vllm"] and "--headless" in checks[1][1]
+    for env in ENV_OF["vllm"]:
+        results = check_all(env, checks)
+        assert all(r["ok"] for r in results), (env, results)
+
+
+@pytest.mark.parametrize("engine, version", sorted(TABLE_ENV))
+def test_committed_option_tables_match_the_real_parsers(engine, version):
+    """components/options (which the sim's engine double and the preview rule read) is the real parser."""
+    real = dump_options(TABLE_ENV[engine, version], engine)
+    committed = flags.load_options(engine, version)
+    assert real["allow_abbrev"] is True
+    assert real == committed, (
+        f"components/options/{engine}-{version}.json is stale: regenerate it with "
+        f"tests/conformance/driver.py --dump-options {engine} in {TABLE_ENV[engine, version]}")
+
+
+def test_program_env_names_are_the_packages_own():
+    """The SGLANG_*/VLLM_* names the program sets exist in the packages' env tables; DSV41_* are read
+    only by the image's DeepSeek-V4.1 adapter (listed so), NCCL_* by the NCCL library the engines ship."""
+    names = {**env_names("sglang-0.5.23"), **env_names("vllm-0.33.0")}
+    set_by_program: set[str] = set()
+    for stack in STACKS:
+        sc = config.parse_stack(with_known_hosts(cluster_of(stack)))
+        for entry in sc.groups:
+            for spec in plan.group_specs(entry.cfg, stack):
+                set_by_program |= set(spec.env)
+    unknown = []
+    for name in sorted(set_by_program):
+        if name.startswith("SGLANG_") and name not in names["sglang"] and name not in plan.ADAPTER_ENV:
+            unknown.append(name)
+        if name.startswith("VLLM_") and name not in names["vllm"]:
+            unknown.append(name)
+    assert not unknown, f"not in the packages' env tables: {unknown}"
+    nccl = _nccl_env_names()
+    missing = sorted(n for n in set_by_program if n.startswith("NCCL_") and n not in nccl)
+    assert not missing, f"the NCCL library the engines ship does not read: {missing}"
+    assert "NCCL_SKIP_TREE_CONNECT" not in nccl  # the ring setting the program used to set
+
+
+def _nccl_env_names() -> set[str]:
+    libs = list((site_packages("sglang-0.5.23") / "nvidia").glob("nccl*/lib/libnccl.so*"))
+    assert libs, "no libnccl in the sglang environment"
+    data = libs[0].read_bytes()
+    return {m.decode() for m in re.findall(rb"NCCL_[A-Z0-9_]{2,}", data)}
