@@ -650,14 +650,12 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
     return specs
 
 
-ARGCHECK_KEY = "argcheck-placeholder-not-the-key"  # stands in for the API key the head's wrapper appends
-
-
 def rank_checks(cfg: ClusterConfig, spec: RankSpec) -> list[tuple[str, list[str]]]:
     """What the image's own parsers check for one rank before the group starts: (engine, argv) pairs,
-    the exact argv the rank's entrypoint hands to each program (components/argcheck.py)."""
+    the exact argv the rank's entrypoint hands to each program (components/argcheck.py), less the
+    head's `--api-key <key>` that its wrapper appends from the key file (no key on a command line)."""
     if cfg.engine == "sglang":
-        return [("sglang", spec.args + (["--api-key", ARGCHECK_KEY] if spec.rank == 0 else []))]
+        return [("sglang", spec.args)]
     if spec.args[:1] == ["ray"]:  # a Ray worker
         return [("ray", spec.args[1:])]
     checks = [("vllm", spec.args)]

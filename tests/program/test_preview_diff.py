@@ -167,9 +167,9 @@ def test_an_unchanged_config_previews_no_changes(baseline):
     again = run_program("tp4")
     steps = plan_steps(baseline, again)
     assert {s.op for s in steps.values()} == {"same"}
-    # 4 x (docker provider, preflight, image, volume, engram shard, rank) + export, api key file,
+    # 4 x (docker provider, preflight, image, volume, engram shard, argcheck, rank) + export, api key file,
     # group generation, readiness
-    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 6 + 4
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 7 + 4
 
 
 def test_the_model_catches_a_forced_replacement():
@@ -213,7 +213,9 @@ def test_a_serving_change_replaces_exactly_the_rank_containers(baseline, change)
     assert generation.changed == ["create", "triggers"] and generation.resource.inputs["triggers"][0] == new_rev
     readiness = next(s for s in steps.values() if s.resource.name == "tp4-readiness-check")
     assert readiness.changed == [] and set(readiness.why.split(": ")[1].split(", ")) == ranks
-    assert by_op(steps, "update") == set() and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
+    # every rank's argv is checked again by the image's parser before the group restarts
+    argchecks = {f"tp4-sglang-rank{i}-argcheck" for i in range(4)}
+    assert by_op(steps, "update") == argchecks and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
 
     for step in steps.values():
         if step.resource.name in ranks:
@@ -252,7 +254,8 @@ def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}  # re-checked before every group start
     group = {"tp4-sglang-generation", "tp4-readiness-check"}
     assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | group | preflights
-    assert by_op(steps, "update") == {"tp4-checkpoint-export"}  # create changed, triggers did not
+    # the export's create changed, its triggers did not; rank 3's argcheck runs with its new HOST_IP
+    assert by_op(steps, "update") == {"tp4-checkpoint-export", "tp4-sglang-rank3-argcheck"}
     export = next(s for s in steps.values() if s.resource.name == "tp4-checkpoint-export")
     assert export.changed == ["create"] and "10.0.0.14(ro," in export.resource.inputs["create"]
     assert not any(s.op != "same" for s in steps.values() if s.resource.type in (VOLUME, IMAGE))
@@ -299,7 +302,9 @@ def test_a_change_to_one_group_of_tp4x2_leaves_the_other_group_and_the_router_al
     steps = plan_steps(before, run_program("tp4x2", cluster=cluster))
     # The router's own probe re-runs: its triggers are the memberships' IDs.
     assert by_op(steps, "replace") == _group_restart("b") | {"tp4x2-router-readiness-check"}
-    assert by_op(steps, "update") == set() and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
+    # only group b's ranks' command lines are checked again
+    argchecks = {f"tp4x2-b-sglang-rank{i}-argcheck" for i in range(4)}
+    assert by_op(steps, "update") == argchecks and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
 
 
 def test_a_shared_serving_change_of_tp4x2_restarts_both_groups_never_the_router():

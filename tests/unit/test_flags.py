@@ -1,7 +1,8 @@
 """components.flags: which serving.extraArgs element would set a flag the program manages.
 
 Behaviour cases, the program's own command lines, the stack files, and properties checked against
-real argparse parsers built from the test doubles' flag tables (sim/testdouble/flags.py).
+argparse parsers built from the REAL engines' option tables (components/options, dumped from the
+PyPI packages; tests/conformance checks they still match).
 """
 
 import argparse
@@ -170,37 +171,53 @@ def test_no_stack_file_extra_arg_is_refused():
     assert seen  # the stack files do carry extraArgs (tp3, tp4, sim)
 
 
-def test_test_double_tables_managed_iff_listed():
-    """Every option of the double's tables is managed exactly when components.flags lists it."""
-    for engine in ("sglang", "vllm"):
-        for flag in double.ENGINES[engine]:
-            for name in (flag, *double.ALIASES[engine].get(flag, ())):
-                got = flags.managed_flag(name, engine)
-                assert (got is not None) == (name in flags.spellings(engine)), (engine, name, got)
+TABLES = [("sglang", "0.5.23"), ("vllm", "0.31.0")]  # the real parsers' tables (tests/conformance keeps them real)
 
 
-# ---- properties against argparse parsers built from the test doubles' tables ----------------------
+def _rows(engine, version):
+    return [r for r in flags.load_options(engine, version)["options"] if r["kind"] != "exit"]
 
 
-def _abbreviating_parser(engine):
-    parser = argparse.ArgumentParser(prog=f"{engine}-abbrev", allow_abbrev=True, add_help=False)
-    if engine == "vllm":
-        parser.add_argument("model")
-    return double.add_table(parser, engine)
+@pytest.mark.parametrize("engine, version", TABLES)
+def test_managed_flags_match_the_real_parsers(engine, version):
+    """Every managed spelling is a real option string (or argparse's abbreviation of one) of one dest,
+    and every real option string of that dest is listed: a new alias upstream fails here."""
+    rows = _rows(engine, version)
+    by_option = {o: r for r in rows for o in r["options"]}
+    for m in flags.ENGINES[engine] + flags.UNPLANNED[engine]:
+        if m.flag == "--model" and engine == "vllm":
+            continue  # the positional MODEL (model_tag); FlexibleArgumentParser moves `--model X` there
+        resolved = {flags.resolve(s, flags.load_options(engine, version))[0] for s in m.spellings}
+        assert None not in resolved, (m.flag, resolved)
+        dests = {by_option[o]["dest"] for o in resolved}
+        assert len(dests) == 1, (m.flag, dests)
+        real = set(next(r for r in rows if r["dest"] in dests)["options"])
+        assert real <= set(m.spellings), f"{engine} {version}: {m.flag} misses aliases {sorted(real - set(m.spellings))}"
 
 
-def _value(engine, flag):
-    """A value the double accepts for ``flag`` that differs from its default (None for a switch)."""
-    if double.ENGINES[engine][flag] == "bool":
+@pytest.mark.parametrize("engine, version", TABLES)
+def test_real_option_strings_managed_iff_their_dest_is(engine, version):
+    rows = _rows(engine, version)
+    table = flags.load_options(engine, version)
+    managed = {by for m in flags.ENGINES[engine] + flags.UNPLANNED[engine] for s in m.spellings
+               if (by := flags.resolve(s, table)[0])}
+    managed_dests = {r["dest"] for r in rows if set(r["options"]) & managed}
+    for r in rows:
+        for o in r["options"]:
+            got = flags.managed_entry(o, engine)
+            assert (got is not None) == (r["dest"] in managed_dests), (engine, o, got)
+
+
+# ---- properties against the real parsers' tables (argparse, allow_abbrev=True) --------------------
+
+
+def _value(row):
+    """A value the parser accepts for ``row`` that differs from its default (None for a switch)."""
+    if row["kind"] != "value" and row["kind"] != "append":
         return None
-    choices = double.CHOICES[engine].get(flag)
-    if choices:
-        return next(c for c in choices if c != double.TABLE_DEFAULTS[engine].get(flag))
-    return "7" if flag in double.TYPES[engine] else "x7"
-
-
-def _dest(flag):
-    return flag[2:].replace("-", "_")
+    if row["choices"]:
+        return next(c for c in row["choices"] if c != str(row["default"]))
+    return "7" if row["type"] in ("int", "float") else "x7"
 
 
 def _prefixes(name):
@@ -208,49 +225,42 @@ def _prefixes(name):
     return [name[:i] for i in range(start, len(name) + 1)]
 
 
-def _set_dests(parser, argv, baseline):
-    """The dests ``argv`` changes, or None when argparse refuses it (unknown, ambiguous, bad value)."""
+def _parse(engine, argv):
+    """The dests the real-table parser sets, or None when argparse refuses the argv."""
     with contextlib.redirect_stderr(io.StringIO()):
         try:
-            ns, rest = parser.parse_known_args(argv)
+            return vars(double.parse_args(argv, engine))
         except SystemExit:
             return None
-    if rest:
-        return None
-    return {k for k, v in vars(ns).items() if v != getattr(baseline, k)}
 
 
-def _check_prefixes(engine, spell, positional):
-    parser = _abbreviating_parser(engine)
-    baseline = parser.parse_args(positional)
-    managed = {_dest(f) for f in double.ENGINES[engine] if f in flags.spellings(engine)}
+def _check_prefixes(engine, version, spell, positional):
+    rows = [r for r in _rows(engine, version) if r["options"]]
+    baseline = _parse(engine, positional)
+    table = flags.load_options(engine, version)
+    managed = {flags.resolve(s, table)[0] for m in flags.ENGINES[engine] for s in m.spellings} - {None}
+    managed_dests = {r["dest"] for r in rows if set(r["options"]) & managed}
     resolved = []
-    for flag in double.ENGINES[engine]:
-        value = _value(engine, flag)
-        for name in (flag, *double.ALIASES[engine].get(flag, ())):
+    for row in rows:
+        if row["dest"] not in managed_dests:
+            continue
+        value = _value(row)
+        for name in row["options"]:
             for prefix in _prefixes(name):
                 for arg in spell(prefix):
-                    forms = [[arg]] if value is None else [[arg, value], [f"{arg}={value}"]]
-                    for form in forms:
-                        argv = positional + form
-                        if engine == "vllm":
-                            argv = double.normalize_vllm_argv(argv)
-                        changed = _set_dests(parser, argv, baseline)
-                        if changed is None:
+                    for form in ([[arg]] if value is None else [[arg, value], [f"{arg}={value}"]]):
+                        ns = _parse(engine, positional + form)
+                        if ns is None:
                             continue
-                        if changed & managed:
+                        changed = {k for k, v in ns.items() if v != baseline.get(k)}
+                        if changed & managed_dests:
                             resolved.append(arg)
                             assert flags.managed_flag(form[0], engine) is not None, (engine, form, changed)
-                        else:
-                            # argparse resolved it to an unmanaged option: it must pass, unless it is also
-                            # a prefix of a refused flag the double lacks (ambiguous for the real engine)
-                            entry = flags.managed_entry(form[0], engine)
-                            assert entry is None or entry in flags.UNPLANNED[engine], (engine, form, changed)
     return resolved
 
 
 def test_sglang_every_prefix_argparse_resolves_to_a_managed_flag_is_refused():
-    resolved = _check_prefixes("sglang", lambda p: [p], [])
+    resolved = _check_prefixes("sglang", "0.5.23", lambda p: [p], ["--model-path", "/models/m"])
     assert {"--tp-s", "--mem-fraction", "--context-len", "--api-k", "--max-total"} <= set(resolved)
 
 
@@ -258,18 +268,20 @@ def test_vllm_every_prefix_and_underscore_spelling_argparse_resolves_to_a_manage
     def spell(prefix):
         return [prefix, "--" + prefix[2:].replace("-", "_")] if prefix.startswith("--") else [prefix]
 
-    resolved = _check_prefixes("vllm", spell, ["/models/m"])
-    assert {"-t", "-tp", "--max_model_len", "--max-model", "--tensor_parallel_size", "--gpu_mem"} <= set(resolved)
+    resolved = _check_prefixes("vllm", "0.31.0", spell, ["/models/m"])
+    assert {"-tp", "--max_model_len", "--max-model", "--tensor_parallel_size", "--gpu-mem"} <= set(resolved)
 
 
-def test_single_dash_prefix_resolves_even_without_abbreviations():
-    """The double's own vLLM parser (allow_abbrev=False, like a strict launcher) still reads `-t 2`
-    as `-tp 2`: argparse matches single-dash prefixes regardless, so `-t` must be refused."""
+def test_single_dash_prefix_resolves():
+    """argparse matches single-dash prefixes whatever allow_abbrev says: `-t 2` is `-tp 2` in vLLM."""
     assert double.parse_args(["/models/m", "-t", "2"], "vllm").tensor_parallel_size == 2
     assert flags.managed_flag("-t", "vllm") == "--tensor-parallel-size"
 
 
-@pytest.mark.parametrize("arg, engine, flag", [("--cuda-graph-bs=1", "sglang", "--cuda-graph-bs"),
+@pytest.mark.parametrize("arg, engine, flag", [("--cuda-graph-bs-d=1", "sglang", "--cuda-graph-bs-decode"),
+                                               ("--cuda-graph-config", "sglang", "--cuda-graph-config"),
+                                               ("--no-enable-decoder-swa", "sglang", "--enable-decoder-swa-bounded-replay"),
+                                               ("--device-memory-util", "vllm", "--gpu-memory-utilization"),
                                                ("--kv_cache_memory_bytes", "vllm", "--kv-cache-memory-bytes"),
                                                ("--num-gpu-blocks", "vllm", "--num-gpu-blocks-override"),
                                                ("--uds", "vllm", "--uds")])  # fmt: skip

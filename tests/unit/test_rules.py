@@ -61,6 +61,7 @@ FAILING = {
     "ring-needs-nccl-overlay-warning": ("tp4", _set(["topology"], "ring"), "topology"),
     "pinned-revision-warning": ("tp2", _set(["model", "revision"], "main"), "model.revision"),
     "paths-apart-from-checkpoint": ("tp4", _set(["stateDir"], "/home/zurih/NewModels/DS4.1/state"), "stateDir"),
+    "engine-version": ("tp4", _set(["serving", "extraArgs"], ["--cuda-graph-max-bs", "8"]), "serving.extraArgs[0]"),
 }
 # rule -> (base stack, mutation) of a config the rule must accept (default: tp4 as it is)
 PASSING = {
@@ -77,6 +78,7 @@ VLLM_FAILING = {
     "memory-plan-fits": (_set(["serving", "maxModelLen"], 1048576), "serving.maxModelLen"),
     "context-length-supported": (_set(["serving", "maxModelLen"], 2000000), "serving.maxModelLen"),
     "ports-distinct": (_set(["serving", "rayPort"], 8000), "serving.rayPort"),
+    "engine-version": (_set(["serving", "extraArgs"], ["--ray-address", "auto"]), "serving.extraArgs[0]"),
     "extra-args-not-managed": (_set(["serving", "extraArgs"], ["--max-model-len", "8192"]), "serving.extraArgs[0]"),
     "known-profile": (_set(["model", "profile"], "deepseek-v4.1-flash-mxfp4"), "model.profile"),
 }
@@ -220,3 +222,34 @@ def test_image_build_needs_the_dockerfile_in_the_context():
     assert [f.field for f in _findings(raw, "image-build-context-exists")] == ["imageBuild.dockerfile"]
     ok = _set(["imageBuild"], {"context": "sim/overlay"})(cluster_of("tp4"))
     assert _findings(ok, "image-build-context-exists") == []
+
+
+@pytest.mark.parametrize("mutate, field, words", [
+    # the fatal one: the flag the program itself used to write, refused by every SGLang from 0.5.20
+    (_set(["serving", "extraArgs"], ["--cuda-graph-max-bs", "8"]), "serving.extraArgs[0]",
+     ["--cuda-graph-max-bs", "removed in 0.5.20", "--cuda-graph-max-bs-decode"]),
+    # not in the real 0.5.23 parser at all
+    (_set(["serving", "extraArgs"], ["--no-such-flag"]), "serving.extraArgs[0]", ["no such option", "0.5.23"]),
+    # a prefix the real parser finds ambiguous
+    (_set(["serving", "extraArgs"], ["--cuda-graph-b", "1"]), "serving.extraArgs[0]", ["ambiguous"]),
+    # a release older than the DeepSeek-V4.1 flags
+    (_set(["engineVersion"], "0.5.19"), "engineVersion", ["0.5.21"]),
+    # a release with DSPARK but without the flag name the program writes is impossible; an older
+    # one without --cuda-graph-max-bs-decode is refused by its version alone (above)
+])
+def test_engine_version_names_flag_version_and_replacement(mutate, field, words):
+    found = [f for f in _findings(mutate(cluster_of("tp4")), "engine-version") if f.level == "error"]
+    assert any(f.field == field for f in found), [str(f) for f in found]
+    text = " ".join(str(f) for f in found)
+    for w in words:
+        assert w in text, (w, text)
+
+
+def test_engine_version_without_a_table_warns_and_leaves_it_to_the_image():
+    raw = _set(["engineVersion"], "0.5.22")(cluster_of("tp4"))
+    raw["serving"]["extraArgs"] = [*raw["serving"]["extraArgs"], "--no-such-flag"]
+    found = _findings(raw, "engine-version")
+    assert [f.level for f in found] == ["warning"] and "argcheck" in found[0].fix
+    # a renamed flag is still refused for a release without a table
+    raw["serving"]["extraArgs"] += ["--cuda-graph-max-bs", "8"]
+    assert any(f.level == "error" for f in _findings(raw, "engine-version"))
