@@ -1,6 +1,6 @@
 """TEST DOUBLE of ``vllm serve MODEL [flags]`` (dspark-sim), stdlib only. This is NOT vLLM.
 
-1. Flags: ``flags.VLLM_FLAGS`` (strict: unknown flags exit 2, like vLLM's parser).
+1. Flags: the real vLLM serve parser's option table (flags.py; unknown or ambiguous flags exit 2).
 2. MODEL must be a directory holding a readable ``config.json``, else exit 1.
 3. Executor: ``--distributed-executor-backend`` (default as vLLM: ``uni`` for tp 1, ``mp`` when tp fits
    the node's GPUs, else ``ray``; a simulated Spark has 1 GPU, or ``CUDA_VISIBLE_DEVICES``).
@@ -71,8 +71,8 @@ def ray_nodes(ray) -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def resolve_backend(tp: int, backend: str | None) -> str:
-    gpus = local_gpu_count()
+def resolve_backend(tp: int, backend: str | None, nnodes: int = 1) -> str:
+    gpus = local_gpu_count() * nnodes  # mp across nodes: --nnodes of them
     if backend is None:
         backend = "uni" if tp == 1 else ("mp" if tp <= gpus else "ray")
     if backend in ("mp", "uni") and tp > gpus:
@@ -148,7 +148,35 @@ def watch_ray(placement: list[dict], every: float) -> None:
                 f"{len(placement)}; engine dead, exiting")
 
 
+def join_mp(args, nnodes: int, node_rank: int) -> None:
+    """vLLM's multi-node mp launcher: node 0 waits at --master-addr:--master-port until every
+    --headless node joined, then serves; a headless node serves nothing and exits when node 0 goes
+    (the group fails as a whole). Same rendezvous as the SGLang double (server.Group)."""
+    from .server import Group
+
+    if not args.master_addr or not args.master_port:
+        die("ValueError: --nnodes > 1 needs --master-addr and --master-port", 2)
+    if bool(node_rank) != bool(args.headless):
+        die(f"ValueError: node rank {node_rank} {'must' if node_rank else 'must not'} run --headless "
+            "(TEST DOUBLE: node 0 serves the API)", 2)
+    group = Group("vllm", node_rank, nnodes)
+    if node_rank == 0:
+        threading.Thread(target=group.serve_coordinator, args=(int(args.master_port),), daemon=True).start()
+        group.formed.wait()
+        return
+    group.join(args.master_addr, int(args.master_port), float(os.environ.get("DSPARK_VLLM_JOIN_S", "600")))
+    group.formed.wait()
+    log(f"headless node {node_rank}/{nnodes} running its engine rank(s); no API on this node")
+    while True:
+        time.sleep(3600)
+
+
 def serve(args) -> int:
+    args.model = args.model_tag or getattr(args, "model", None)  # as ServeSubcommand.cmd does
+    if not args.model:
+        die("ValueError: vllm serve needs MODEL (positional)", 2)
+    # the real parser's human-readable int (``128k``): a custom type the option table leaves as text
+    args.max_model_len = flags.human_int(args.max_model_len) if args.max_model_len is not None else None
     tp = args.tensor_parallel_size
     if tp < 1:
         die(f"ValueError: tensor_parallel_size must be >= 1, got {tp}")
@@ -157,8 +185,11 @@ def serve(args) -> int:
         f"backend {args.distributed_executor_backend or 'auto'} kv-cache-dtype {args.kv_cache_dtype} "
         f"max-model-len {args.max_model_len}")
     check_model(args.model)
-    backend = resolve_backend(tp, args.distributed_executor_backend)
+    nnodes, node_rank = int(args.nnodes or 1), int(args.node_rank or 0)
+    backend = resolve_backend(tp, args.distributed_executor_backend, nnodes)
     placement = place_on_ray(tp) if backend == "ray" else []
+    if backend == "mp" and nnodes > 1:
+        join_mp(args, nnodes, node_rank)
     log(f"executor {backend} ready: {tp} rank(s)")
 
     def pre_route(h, method: str, path: str) -> bool:
@@ -170,7 +201,8 @@ def serve(args) -> int:
             return False
         return True
 
-    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    keys = list(args.api_key or []) or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else [])
+    api_key = keys[0] if keys else None
     handler = openai_api.make_handler(openai_api.Api(
         engine="vllm", model_names=names, root=args.model, max_model_len=args.max_model_len, api_key=api_key,
         guarded=lambda path: path.startswith("/v1"), pre_route=pre_route, check_model=True, log=log,
@@ -190,8 +222,8 @@ def serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = flags.build_vllm_cli(__version__).parse_args(
-        flags.normalize_vllm_argv(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = flags.build_vllm_cli(__version__).parse_args(argv[:1] + flags.normalize_vllm_argv(argv[1:]))
     signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM received, shutting down", 0))
     return serve(args)
 

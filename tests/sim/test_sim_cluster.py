@@ -216,7 +216,7 @@ def test_rank_group_serves_and_breaks(sim_cluster, rank_names):
 def test_unknown_flag_exits_2_on_node(sim_cluster):
     n = sim_cluster.nodes[0]
     r = ssh(sim_cluster, n, "docker run --rm sglang-sim:test-double /bin/sh -c "
-                            "'exec python3 -m sglang.launch_server \"$@\"' sh --no-such-flag 1", check=False)
+                            "'exec python3 -m sglang.launch_server \"$@\"' sh --model-path /m --no-such-flag 1", check=False)
     assert r.returncode == 2 and "unrecognized arguments: --no-such-flag" in r.stderr
 
 

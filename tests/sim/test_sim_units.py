@@ -187,26 +187,32 @@ def test_ethtool_standin():
 
 
 # ---------------------------------------------------------------- stand-in launcher flags ----
-def test_flags_all_known_accepted():
-    argv = []
-    for flag, kind in flags.SGLANG_FLAGS.items():
-        argv += [flag] if kind == "bool" else [flag, "7" if flag in flags.INT_FLAGS else "x"]
+def test_double_parses_the_program_command_line_with_the_real_table():
+    argv = ["--model-path", "/m", "--tp", "3", "--nnodes", "3", "--node-rank", "2", "--cuda-graph-max-bs-decode", "4",
+            "--enable-decoder-swa-bounded-replay", "--sleep-on-idle", "--enable-metrics"]
     a = flags.parse_args(argv)
-    assert a.trust_remote_code and a.enable_metrics and a.sleep_on_idle
-    assert a.nnodes == 7 and a.node_rank == 7 and a.model_path == "x"
+    assert a.tp_size == 3 and a.nnodes == 3 and a.node_rank == 2 and a.model_path == "/m"  # --tp abbreviates --tp-size
+    assert a.cuda_graph_max_bs_decode == 4 and a.enable_decoder_swa_bounded_replay and a.enable_metrics
+    assert flags.parse_args(["--model", "/m"]).model_path == "/m"  # the real alias
 
 
-@pytest.mark.parametrize("argv", [["--bogus-flag", "1"], ["--model", "x"], ["--tp"], ["--nnodes", "three"]])
+@pytest.mark.parametrize("argv", [["--bogus-flag", "1"], ["--cuda-graph-max-bs", "4"], ["--tp"],
+                                  ["--nnodes", "three"], ["--attention-backend", "nope"], []])
 def test_flags_rejected_with_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        flags.parse_args(argv)
+        flags.parse_args((["--model-path", "/m"] if argv else []) + argv)
     assert e.value.code == 2
+    if argv[:1] == ["--cuda-graph-max-bs"]:
+        assert "ambiguous option: --cuda-graph-max-bs could match" in capsys.readouterr().err
 
 
-def test_flag_table_is_single_source():
-    assert set(flags.ENGINES) == {"sglang", "vllm"}  # vllm: see test_vllm_ray_units.py
-    assert "--dist-init-addr" in flags.ENGINES["sglang"]
-    assert flags.SGLANG_FLAGS["--enable-decoder-swa-bounded-replay"] == "bool"
+def test_double_reads_the_real_option_tables():
+    from components import flags as program_flags
+
+    for engine in ("sglang", "vllm"):
+        table = flags.load_table(engine)
+        assert table == program_flags.load_options(engine, flags.VERSIONS[engine])
+        assert table["allow_abbrev"] is True
 
 
 # ---------------------------------------------------------------- engram pack ----
