@@ -82,7 +82,10 @@ def _parse(fn, *args):
         last = text.splitlines()[-1] if text else f"exit {e.code}"
         raise Refused(_flag_of(last), last) from None
     finally:
-        sys.stderr.write(err.getvalue())
+        # the parser's own last lines (argparse prints a usage of hundreds of options before its error)
+        tail = err.getvalue().strip().splitlines()[-3:]
+        if tail:
+            sys.stderr.write("\n".join(tail) + "\n")
 
 
 # ------------------------------------------------------------------------------------- engines ----
@@ -284,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             what = CHECKS[engine](engine_argv)
         except Refused as e:
-            print(f"{where} ({engine}): refused: {e.flag}: {e.message}", flush=True)
+            line = f"{where} ({engine}): refused: {e.flag}: {e.message}"
+            print(line, flush=True)
+            print(line, file=sys.stderr, flush=True)  # last, where a log tail or an error summary looks
             return 3
         except ImportError as e:
             print(f"{where} ({engine}): the image cannot run the {engine} check: {e}", flush=True)

@@ -44,9 +44,25 @@ ADAPTATIONS: list[Adaptation] = [
                "/metrics (sglang: with --enable-metrics; vllm: always) has only the running/waiting request gauges "
                "(waiting is always 0: the doubles never queue)",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
+    Adaptation("the doubles' parsers are built from the REAL parsers' option tables (sglang 0.5.23, vllm 0.31.0: "
+               "components/options, dumped from the PyPI packages; tests/conformance keeps them equal), with "
+               "allow_abbrev on, the real dests, aliases, --no- forms, int/float types and choices; not reproduced: "
+               "custom type parsers (a value a real custom parser refuses, e.g. bad JSON for --cuda-graph-config or "
+               "`--max-model-len lots`, is accepted as text) and the engines' post-parse resolution (ServerArgs "
+               "resolve_once, vLLM's config validation). The image carries TEST DOUBLE modules at the real import "
+               "paths argcheck uses (sglang.srt.server_args, vllm.entrypoints.cli.serve, "
+               "vllm.utils.argparse_utils); Ray's and the router's parsers in the image are the real ones",
+               "no GPU and no engine build for the simulated nodes; the real parsers run in the conformance tier",
+               "sim/testdouble/flags.py, sim/testdouble/parsers.py"),
+    Adaptation("the conformance tier runs the real parsers in plain venvs, not in the engine images: argcheck's "
+               "image checks (DSPARK draft weights, the /opt/dsv41 adapter, Ray importable) run only in the sim's "
+               "image in e2e; nothing is stubbed in the venvs (full installs with torch)",
+               "the real images cannot be pulled here", "tests/conformance"),
     Adaptation("engine vllm runs REAL Ray (PyPI wheel ray==2.49.2, x86_64, installed in image vllm-sim:test-double) "
                "with the vllm-sim TEST DOUBLE as `vllm serve`: it checks the real cluster's alive nodes and GPUs "
-               "(ray.nodes()/cluster_resources()) like vLLM, then serves the same fake API; no Ray actors, no "
+               "(ray.nodes()/cluster_resources()) like vLLM, then serves the same fake API; distributedExecutorBackend mp "
+               "forms its group over TCP at --master-addr:--master-port (the SGLang double's rendezvous), headless "
+               "nodes serve nothing; no Ray actors, no "
                "placement group, no NCCL; GPUs are only Ray's `--num-gpus 1` declaration; object store capped "
                "at 256 MiB by image env",
                "no GPU and no vLLM build for the simulated nodes", "sim/testdouble/vllm_serve.py, sim/images.py"),

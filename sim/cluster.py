@@ -294,6 +294,9 @@ def _create_node(p: ClusterPlan, n: NodeInfo, image: str, pubkey: str) -> None:
             "--security-opt", "systempaths=unconfined",
             "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", "/var/lib/docker",
             "--tmpfs", "/run:rw,exec,mode=755,size=512m",
+            # a Spark's /dev/shm is a large tmpfs; docker's 64 MiB default starves Ray's object store
+            # (ranks share the node's IPC namespace: ipc_mode host)
+            "--shm-size", "1g",
             "--restart", "no", "--stop-timeout", "30", "-t"]
     if Path("/lib/modules").is_dir():
         args += ["-v", "/lib/modules:/lib/modules:ro"]

@@ -2,7 +2,8 @@
 
 One scenario, in order (each test builds on the cluster and stack the previous one left):
 preview -> up and answers through `python -m components.clients` -> no-op up -> serving change
-(group down head first, before any new rank starts) -> a rank that exits at boot fails `up` fast ->
+(group down head first, before any new rank starts) -> an argv the image's parser refuses fails `up`
+at the check step, the running group untouched ->
 refresh after a rank stopped and one removed, then `up` restarts the whole group -> key rotation and
 a new stateDir -> a node stopped mid-`up`, then `up` converges -> destroy keeps the checkpoint.
 Orders are read from the nodes' docker event timestamps, never from the engine's output order.
@@ -129,15 +130,25 @@ def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_st
     assert "42" in ask(first.env)
 
 
-def test_a_rank_that_exits_at_boot_fails_up_fast_naming_it(first, project):
+def test_an_argv_the_image_refuses_fails_up_at_the_check_before_any_rank_stops(first, project):
+    """A release without an option table here (0.5.22): preview only warns, and the image's own parser
+    (the argcheck step on every node) refuses the flag before the running group is touched."""
+    before = containers_of(STACK)
+    project.set_config("cluster.engineVersion", "0.5.22")
     project.set_config("cluster.serving.extraArgs[9]", "--no-such-flag")
-    run, _ = timed_up(project, "sim: up with a rank exiting at boot (fails)", expect_ok=False)
+    project.preview().check()  # preview cannot know this release's options (a warning, tests/unit/test_rules.py)
+    run, events = timed_up(project, "sim: up with an argv the image refuses (fails at argcheck)", expect_ok=False)
     assert run.code != 0
-    assert run.seconds < 120, f"failed only after {run.seconds:.0f}s"
-    assert "exited with code 2" in run.text and "last 20 log lines" in run.text
-    assert "--no-such-flag" in run.text  # the engine's own complaint, from the log tail
+    assert run.seconds < 60, f"failed only after {run.seconds:.0f}s"
+    assert "argcheck: node spark1 rank 0 (sglang): refused: --no-such-flag: " in run.text
+    assert "unrecognized arguments: --no-such-flag" in run.text  # the engine's own message
     assert project.api_key not in run.text
+    # nothing of the running group was stopped or started: the check runs before the generation
+    assert containers_of(STACK) == before
+    assert not [e for e in events if e.action in ("destroy", "start") and e.name in RANKS]
+    assert "42" in ask(first.env)
     project.cli("config", "rm", "--path", "deepseek-spark:cluster.serving.extraArgs[9]").check()
+    project.cli("config", "rm", "--path", "deepseek-spark:cluster.engineVersion").check()
     project.up().check()
     assert "42" in ask(first.env)
 

@@ -83,6 +83,21 @@ def test_a_serving_change_takes_the_group_down_before_the_new_ray_head_starts(fi
     assert "42" in ask(first[1])
 
 
+def test_the_mp_backend_serves_without_ray(first, project):
+    """distributedExecutorBackend: mp: every node runs `vllm serve` (node 1 --headless), joined by vLLM's
+    own launcher at the head's distPort; no Ray process anywhere."""
+    project.set_config("cluster.serving.distributedExecutorBackend", "mp")
+    project.timed("sim-tp2: switch to the mp backend, up to answer", project.up()).check()
+    assert "42" in ask(first[1])
+    for i, node in enumerate(NODES):
+        run = node_sh(node, f"docker inspect -f '{{{{json .Config.Entrypoint}}}} {{{{json .Args}}}}' sim-tp2-rank{i}")
+        assert "ray start" not in run and '"serve"' in run and "--master-addr" in run, run
+        assert ("--headless" in run) == (i == 1), run
+    project.cli("config", "rm", "--path", "deepseek-spark:cluster.serving.distributedExecutorBackend").check()
+    project.up().check()
+    assert "42" in ask(first[1])
+
+
 def test_destroy_keeps_the_checkpoint(first, project):
     project.timed("sim-tp2: destroy", project.destroy()).check()
     assert containers_of(STACK, NODES) == {}

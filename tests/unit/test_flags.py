@@ -171,7 +171,7 @@ def test_no_stack_file_extra_arg_is_refused():
     assert seen  # the stack files do carry extraArgs (tp3, tp4, sim)
 
 
-TABLES = [("sglang", "0.5.23"), ("vllm", "0.31.0")]  # the real parsers' tables (tests/conformance keeps them real)
+TABLES = [("sglang", "0.5.23"), ("vllm", "0.31.0"), ("vllm", "0.33.0")]  # the real parsers' tables (tests/conformance keeps them real)
 
 
 def _rows(engine, version):
