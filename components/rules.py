@@ -54,9 +54,9 @@ def _engine_fields(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out = []
     s = cfg.serving
     other, mine = (VLLM_ONLY, "sglang") if cfg.engine == "sglang" else (SGLANG_ONLY, "vllm")
-    # vLLM's mp backend rendezvous at distPort; Ray's port means nothing to it
+    # vLLM's mp backend rendezvous at distPort (rayPort is then unused, not wrong)
     if cfg.engine == "vllm" and s.distributed_executor_backend == "mp":
-        other = (other - {"dist_port"}) | {"ray_port"}
+        other = other - {"dist_port"}
     for name in sorted(s.model_fields_set & other):
         field = f"serving.{_camel(name)}"
         out.append(Finding("engine-fields", field, getattr(s, name),

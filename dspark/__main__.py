@@ -9,7 +9,7 @@ import time
 from typing import Callable, Optional, Sequence, TextIO
 
 from . import __doc__ as OVERVIEW
-from . import cmd_bench, cmd_doctor, cmd_logs, cmd_plan, cmd_repair, cmd_smoke, cmd_status
+from . import cmd_bench, cmd_demo, cmd_doctor, cmd_logs, cmd_plan, cmd_repair, cmd_smoke, cmd_status
 from .nodes import Nodes, Runner, Streamer, valid_since
 from .stack import DsparkError, load
 
@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=_positive, default=3600.0, help="seconds for the whole run (default 3600)")
     sp.add_argument("--extra-args", default="", metavar='"ARGS"', help="more llama-benchy flags, e.g. "
                     '--extra-args="--exact-tg --no-cache"')
+    sp = sub.add_parser("demo", help="the simulated cluster up through the real engine, then an answer",
+                        description=cmd_demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--stack", default="sim", choices=sorted(cmd_demo.SIM_STACKS), help="a sim stack (default sim)")
+    sp.add_argument("--project-dir", default=".", help="where Pulumi.<stack>.yaml is (default: .)")
+    sp.add_argument("--down", action="store_true", help="destroy the stack and delete the simulated cluster")
     sp = add("repair", cmd_repair, "put back what drifted (refresh + up), never an unapplied config change")
     sp.add_argument("--yes", action="store_true", help="repair the drift found (default: only report it)")
     sp.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
@@ -110,6 +115,8 @@ def main(
     except SystemExit as exc:  # usage errors (exit 3) and --help (0) as a return code
         return exc.code if isinstance(exc.code, int) else CANNOT_RUN
     try:
+        if args.command == "demo":
+            return cmd_demo.run(args.project_dir, args.stack, args.down, out, err)
         stack = load(args.stack, args.project_dir, args.outputs_file, args.group)
         if args.command == "plan":
             return cmd_plan.run(stack, args.json, out)

@@ -31,7 +31,7 @@ ADAPTATIONS: list[Adaptation] = [
                "to the test process's language server) instead of through pulumi-language-python; the policy "
                "pack runs as a binary analyzer (`--policy-pack policy/analyzer`), the same pack code",
                "the Go module proxy refuses the pulumi-language-python module (403)",
-               "tests/e2e/inline.py, policy/analyzer"),
+               "dspark/inline.py, policy/analyzer"),
     Adaptation("checkpoint shared as a local bind on every node (share.mode: local), not NFS",
                "the test machine's kernel has no NFS client or server", "Pulumi.sim.yaml"),
     Adaptation("rank containers keep memlock=-1 and nofile=1048576 in their inputs, but each node's engine "

@@ -5,7 +5,7 @@ file backend and the passphrase secrets provider, as a user would set them up.
     p.preview(diff=True, policy_pack=True).text          # what a reviewer reads
     p.up(); p.outputs(); p.refresh(); p.destroy()
 
-`preview`/`up` run __main__.py through tests/e2e/inline.py (the Automation API's inline program)
+`preview`/`up` run __main__.py through dspark/inline.py (the Automation API's inline program)
 because pulumi-language-python cannot be built here; every other command is the plain CLI. The
 docker and command resource plugins on PATH are the TEST DOUBLES in sim/providers, the only ones
 the engine can find (automatic plugin downloads are off).
@@ -106,7 +106,7 @@ class PulumiProject:
 
     def _inline_argv(self, op: str, diff: bool = False, policy_pack: bool = False,
                      policy_config: Path | None = None) -> list[str]:  # fmt: skip
-        argv = [sys.executable, str(ROOT / "tests/e2e/inline.py"), op, "--stack", self.stack,
+        argv = [sys.executable, str(ROOT / "dspark/inline.py"), op, "--stack", self.stack,
                 "--work-dir", str(self.work_dir)]  # fmt: skip
         argv += ["--policy-pack-config", str(policy_config)] if policy_config else []
         argv += ["--diff"] if diff else []

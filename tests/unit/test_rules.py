@@ -253,3 +253,13 @@ def test_engine_version_without_a_table_warns_and_leaves_it_to_the_image():
     # a renamed flag is still refused for a release without a table
     raw["serving"]["extraArgs"] += ["--cuda-graph-max-bs", "8"]
     assert any(f.level == "error" for f in _findings(raw, "engine-version"))
+
+
+def test_vllm_mp_backend_may_set_dist_port_and_keeps_ray_port():
+    raw = _set(["serving", "distributedExecutorBackend"], "mp")(cluster_of("tp2"))
+    raw["serving"]["distPort"] = 29500
+    assert _findings(raw, "engine-fields") == []
+    raw["serving"]["distPort"] = 8000  # its rendezvous port must not be the API's
+    assert [f.field for f in _findings(raw, "ports-distinct")] == ["serving.distPort"]
+    ray = _set(["serving", "distPort"], 29500)(cluster_of("tp2"))
+    assert [f.field for f in _findings(ray, "engine-fields")] == ["serving.distPort"]  # the Ray backend has no use for it

@@ -1,13 +1,17 @@
 """`pulumi preview|up` of a stack, with __main__.py run as an Automation API inline program.
 
-    python tests/e2e/inline.py preview|up --stack sim --work-dir DIR [--diff] [--policy-pack policy]
+    python -m dspark.inline preview|up --stack sim --work-dir DIR [--diff] [--policy-pack policy]
 
-Everything else in the e2e tier is the plain Pulumi CLI. Only the program's execution differs from
-a user's `pulumi up --stack sim`: the CLI would start pulumi-language-python, which cannot be built
+`dspark demo` and the e2e tier run `preview`/`up` through it; everything else is the plain Pulumi
+CLI. Only the program's execution differs from a user's `pulumi up --stack sim`: the CLI would start pulumi-language-python, which cannot be built
 here (the module proxy refuses its module), so the CLI connects to the Automation API's in-process
 language server instead (`--client`) and the program runs in this process. The CLI's own output
 (the rendered preview a reviewer reads, the update's summary) is passed through unchanged on
 stdout. Exit code: the CLI's.
+
+SIGINT/SIGTERM: this process keeps waiting for the CLI (its caller signals the whole process group,
+so the CLI gets the signal itself, cancels the update cleanly and unlocks the stack); exiting here
+first would leave the CLI running with the stack locked.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
@@ -30,6 +35,9 @@ def main() -> int:
     ap.add_argument("--policy-pack", action="append", default=[])
     ap.add_argument("--policy-pack-config", action="append", default=[])
     args = ap.parse_args()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a handler, not SIG_IGN: the CLI must not inherit "ignore"
+        signal.signal(sig, lambda *_: print("deepseek-spark: signal received; waiting for the Pulumi CLI to stop",
+                                            file=sys.stderr, flush=True))
 
     sys.path.insert(0, str(ROOT))
     from pulumi import automation as auto
