@@ -4,8 +4,11 @@ then a streamed answer. It leaves the stack running; run it again for a no-op `u
 1. the simulated cluster (`sim/`): created, or reused when it is already up with the stack's node
    count (sim: 3 nodes, sim-tp2: 2, sim-x2: 4);
 2. a project-local state folder, `.dspark-demo/` in the project directory: a file backend, the
-   Pulumi home, a passphrase file for the stack's secrets (0600). The sim itself keeps its ssh key
-   and known_hosts under ~/.local/state/deepseek-spark-sim/sim (the stack files point there);
+   Pulumi home, a passphrase file for the stack's secrets (0600), and `project/`, where the engine
+   runs: Pulumi.yaml and the stack file copied (the stack's encrypted secrets are written there, so
+   the checked-in Pulumi.<stack>.yaml stays as it is; it is copied again on every run, so an edit to
+   it is what the next `up` applies), the code linked. The sim itself keeps its ssh key and
+   known_hosts under ~/.local/state/deepseek-spark-sim/sim (the stack files point there);
 3. the stack, once: `stack init` with the passphrase provider, a generated API key and the sim's
    ssh key as secret config;
 4. `pulumi preview --diff`, then `pulumi up`, with the engine's own output as it runs;
@@ -38,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SIM_STACKS = {"sim": 3, "sim-tp2": 2, "sim-x2": 4}  # stack -> nodes of the simulated cluster
 CLUSTER = "sim"  # the cluster every sim stack file points at (its ssh key and known_hosts)
 STATE = ".dspark-demo"
+LINKED = ("__main__.py", "components", "dspark", "policy", "sim")  # the code the engine runs, linked
+KEPT = ("encryptionsalt",)  # what the copied stack file keeps from the last run: its secrets' salt...
+SECRETS = ("deepseek-spark:apiKey", "deepseek-spark:sshPrivateKey")  # ...and the secrets
 ENGINE_VERSION = "v3.274.1"  # .ci/engine-setup's PULUMI_VERSION
 
 
@@ -77,6 +83,7 @@ class Demo:
         if stack not in SIM_STACKS:
             raise DsparkError(f"demo runs the simulated stacks only ({', '.join(SIM_STACKS)}), not {stack!r}")
         self.project, self.stack, self.out, self.err = project, stack, out, err
+        self.work = project / STATE / "project"  # where the engine runs (stack file copied, code linked)
         self.engine = engine_dir()
         self.env = environment(project, stack, self.engine)
 
@@ -88,7 +95,7 @@ class Demo:
     def stream(self, argv: list[str], stdin: str | None = None) -> int:
         """Run `argv`, its output passed through as it comes; Ctrl-C goes to the whole process group
         (the CLI cancels cleanly and unlocks the stack) and this waits for it to finish."""
-        proc = subprocess.Popen(argv, cwd=self.project, env=self.env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, cwd=self.work, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.PIPE if stdin is not None else None,
                                 text=True, start_new_session=True)  # fmt: skip
         if stdin is not None:
@@ -105,12 +112,12 @@ class Demo:
                 os.killpg(proc.pid, signal.SIGINT)
 
     def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.engine / "pulumi"), *args, "--non-interactive"], cwd=self.project,
+        return subprocess.run([str(self.engine / "pulumi"), *args, "--non-interactive"], cwd=self.work,
                               env=self.env, input=stdin, capture_output=True, text=True)  # fmt: skip
 
     def inline(self, op: str, *extra: str) -> int:
         return self.stream([sys.executable, "-m", "dspark.inline", op, "--stack", self.stack,
-                            "--work-dir", str(self.project), "--policy-pack", "policy/analyzer", *extra])  # fmt: skip
+                            "--work-dir", str(self.work), "--policy-pack", "policy/analyzer", *extra])  # fmt: skip
 
     # ---------------------------------------------------------------- steps
     def cluster(self) -> None:
@@ -132,8 +139,30 @@ class Demo:
         if not passphrase.exists():
             passphrase.write_text(secrets.token_urlsafe(24) + "\n")
             passphrase.chmod(0o600)
+        self.work.mkdir(exist_ok=True)
+        for name in LINKED:
+            if not (self.work / name).is_symlink():
+                (self.work / name).symlink_to(self.project / name)
+        (self.work / "Pulumi.yaml").write_bytes((self.project / "Pulumi.yaml").read_bytes())
+        self.sync_stack_file()
         self.say(f"state in {state} (file backend, Pulumi home, passphrase file; nothing in your home "
                  "but the sim's ssh key under ~/.local/state/deepseek-spark-sim)")
+
+    def sync_stack_file(self) -> None:
+        """The checked-in stack file, plus the secrets the last run put into its copy."""
+        import yaml
+
+        name = f"Pulumi.{self.stack}.yaml"
+        fresh = yaml.safe_load((self.project / name).read_text())
+        copy = self.work / name
+        old = yaml.safe_load(copy.read_text()) if copy.exists() else {}
+        for key in KEPT:
+            if key in old:
+                fresh[key] = old[key]
+        for key in SECRETS:
+            if key in (old.get("config") or {}):
+                fresh.setdefault("config", {})[key] = old["config"][key]
+        copy.write_text(yaml.safe_dump(fresh, sort_keys=False))
 
     def stack_init(self) -> None:
         if self.cli("stack", "select", self.stack).returncode == 0:
@@ -207,7 +236,8 @@ class Demo:
                             "--non-interactive"]) != 0:  # fmt: skip
                 self.err.write("==> destroy failed (above); the sim is left as it is\n")
                 return 1
-            self.cli("stack", "rm", "--yes", self.stack)
+            # --preserve-config: `stack rm` would delete Pulumi.<stack>.yaml, the checked-in stack file
+            self.cli("stack", "rm", "--yes", "--preserve-config", self.stack)
         self.say(f"deleting the simulated cluster {CLUSTER!r} (images stay cached)")
         sim_cluster.delete(CLUSTER, log=lambda m: self.out.write(f"    {m}\n"))
         return 0
