@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from . import inline
 from .stack import DsparkError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,23 +60,10 @@ def engine_dir() -> Path:
 
 
 def environment(project: Path, stack: str, engine: Path) -> dict[str, str]:
-    """The CLI's environment: a project-local backend and Pulumi home, the passphrase file, and the
-    sim's plugin test doubles on PATH (sim stacks only)."""
+    """The CLI's environment: the project-local backend, Pulumi home and passphrase file."""
     state = project / STATE
-    path = [str(engine)] + ([str(ROOT / "sim/providers/bin")] if stack in SIM_STACKS else [])
-    return {
-        **os.environ,
-        "PATH": os.pathsep.join([*path, os.environ.get("PATH", "")]),
-        "PULUMI_HOME": str(state / "pulumi-home"),
-        "PULUMI_BACKEND_URL": (state / "backend").as_uri(),
-        "PULUMI_CONFIG_PASSPHRASE_FILE": str(state / "passphrase"),
-        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-        "PULUMI_SKIP_UPDATE_CHECK": "true",
-        "PULUMI_SKIP_CONFIRMATIONS": "true",
-        "DSPARK_ENGINE_DIR": str(engine),
-        "DSPARK_PYTHON": sys.executable,
-        "NO_COLOR": "1",
-    }
+    return inline.environment(engine, state / "backend", state / "pulumi-home",
+                              {"PULUMI_CONFIG_PASSPHRASE_FILE": str(state / "passphrase")}, stack in SIM_STACKS)
 
 
 class Demo:

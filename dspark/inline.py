@@ -24,6 +24,28 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SIM_PLUGINS = ROOT / "sim/providers/bin"  # the docker and command plugin TEST DOUBLES
+
+
+def environment(engine: Path, backend: Path, pulumi_home: Path, passphrase: dict[str, str],
+                sim_plugins: bool) -> dict[str, str]:  # fmt: skip
+    """The Pulumi CLI's environment for a local file backend: the built CLI first on PATH (then the
+    sim's plugin test doubles, for the sim stacks only), no plugin downloads, no prompts.
+    `passphrase`: PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE."""
+    path = [str(engine)] + ([str(SIM_PLUGINS)] if sim_plugins else [])
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([*path, os.environ.get("PATH", "")]),
+        "PULUMI_HOME": str(pulumi_home),
+        "PULUMI_BACKEND_URL": backend.as_uri(),
+        **passphrase,
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_SKIP_CONFIRMATIONS": "true",
+        "DSPARK_ENGINE_DIR": str(engine),
+        "DSPARK_PYTHON": sys.executable,
+        "NO_COLOR": "1",
+    }
 
 
 def main() -> int:

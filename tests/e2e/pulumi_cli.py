@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark import inline
 from e2e.timings import TIMINGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,19 +59,8 @@ class Run:
 class PulumiProject:
     def __init__(self, work_dir: Path, stack: str, engine: Path):
         self.work_dir, self.stack, self.engine = work_dir, stack, engine
-        self.env = {
-            **os.environ,
-            "PATH": os.pathsep.join([str(engine), str(ROOT / "sim/providers/bin"), os.environ["PATH"]]),
-            "PULUMI_HOME": str(work_dir.parent / "pulumi-home"),
-            "PULUMI_BACKEND_URL": (work_dir.parent / "state").as_uri(),
-            "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
-            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-            "PULUMI_SKIP_UPDATE_CHECK": "true",
-            "PULUMI_SKIP_CONFIRMATIONS": "true",
-            "DSPARK_ENGINE_DIR": str(engine),
-            "DSPARK_PYTHON": sys.executable,
-            "NO_COLOR": "1",
-        }
+        self.env = inline.environment(engine, work_dir.parent / "state", work_dir.parent / "pulumi-home",
+                                      {"PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}, sim_plugins=True)
 
     @classmethod
     def create(cls, base: Path, stack: str, engine: Path, secrets: dict[str, str]) -> "PulumiProject":
