@@ -299,4 +299,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Run as a file, its folder (components/, which has an sglang.py) would shadow the engine package;
+    # fed on stdin, as on the nodes, there is no __file__ and no such entry.
+    if globals().get("__file__"):
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.exit(main())

@@ -1,9 +1,11 @@
 """Runs inside a conformance environment (a venv with the REAL engine packages, .ci/conformance-setup):
 components/argcheck.py's checks on many argvs in one process (importing an engine takes seconds).
 
-    <venv>/bin/python tests/conformance/driver.py < checks.json > results.json
+    <venv>/bin/python tests/conformance/driver.py < request.json > reply.json
 
-stdin: [[engine, argv], ...]; stdout: [{"ok": bool, "flag": str, "message": str, "what": str}, ...].
+stdin: {"checks": [[engine, argv], ...], "dump": engine or null, "env_names": bool}
+stdout: {"results": [{"ok", "flag", "message", "what"}, ...], "dump": the option table (argcheck
+--dump-options), "env_names": {"sglang": [...], "vllm": [...]}}; one process per environment.
 The image checks (DSPARK draft weights, the adapter, Ray for the Ray backend) are off: a venv is not
 an image; the e2e tier runs them in the sim's image.
 """
@@ -21,14 +23,9 @@ argcheck = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(argcheck)
 argcheck.IMAGE_CHECKS = False
 
-if sys.argv[1:2] == ["--dump-options"]:
-    with contextlib.redirect_stdout(io.StringIO()):  # engines log while they import
-        table = argcheck.dump_options(sys.argv[2])
-    print(json.dumps(table, indent=1, sort_keys=True))
-    sys.exit(0)
 
-if sys.argv[1:2] == ["--env-names"]:
-    # The environment variables the installed packages declare (names only).
+def env_names() -> dict:
+    """The environment variables the installed packages declare (names only)."""
     names = {}
     if importlib.util.find_spec("sglang"):
         from sglang.srt.environ import envs
@@ -36,16 +33,24 @@ if sys.argv[1:2] == ["--env-names"]:
     if importlib.util.find_spec("vllm"):
         import vllm.envs
         names["vllm"] = sorted(vllm.envs.environment_variables)
-    print(json.dumps(names))
-    sys.exit(0)
+    return names
 
-results = []
-for engine, argv in json.load(sys.stdin):
+
+def check(engine: str, argv: list[str]) -> dict:
     err = io.StringIO()
     try:
         with contextlib.redirect_stdout(err), contextlib.redirect_stderr(err):
             what = argcheck.CHECKS[engine](argv)
-        results.append({"ok": True, "flag": "", "message": "", "what": what})
+        return {"ok": True, "flag": "", "message": "", "what": what}
     except argcheck.Refused as e:
-        results.append({"ok": False, "flag": e.flag, "message": e.message, "what": engine})
-print(json.dumps(results))
+        return {"ok": False, "flag": e.flag, "message": e.message, "what": engine}
+
+
+request = json.load(sys.stdin)
+with contextlib.redirect_stdout(io.StringIO()):  # engines log while they import
+    reply = {
+        "results": [check(engine, argv) for engine, argv in request.get("checks", [])],
+        "dump": argcheck.dump_options(request["dump"]) if request.get("dump") else None,
+        "env_names": env_names() if request.get("env_names") else None,
+    }
+print(json.dumps(reply, sort_keys=True))

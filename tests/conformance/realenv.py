@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -45,29 +44,18 @@ def python_of(name: str) -> Path:
     return py
 
 
-@lru_cache(maxsize=None)
-def _run(name: str, payload: str, *args: str) -> str:
+def run_env(name: str, checks: list[tuple[str, list[str]]], dump: str | None = None,
+            env_names: bool = False) -> dict:
+    """One process in environment `name`: components/argcheck.py's checks on `checks`, and the option
+    table of `dump` and the packages' env names when asked (importing an engine takes seconds)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(python_of(name)), str(DRIVER), *args], input=payload, capture_output=True,
-                          text=True, env=env, timeout=600)
+    payload = json.dumps({"checks": checks, "dump": dump, "env_names": env_names})
+    proc = subprocess.run([str(python_of(name)), str(DRIVER)], input=payload, capture_output=True,
+                          text=True, env=env, timeout=900)
     if proc.returncode != 0:
         raise AssertionError(f"driver in {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc.stdout
-
-
-def check_all(name: str, checks: list[tuple[str, list[str]]]) -> list[dict]:
-    """Run components/argcheck.py's checks in environment `name`, in one process."""
-    out = _run(name, json.dumps(checks))
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def dump_options(name: str, engine: str) -> dict:
-    return json.loads(_run(name, "", "--dump-options", engine))
-
-
-def env_names(name: str) -> dict[str, list[str]]:
-    return json.loads(_run(name, "", "--env-names").strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def site_packages(name: str) -> Path:
