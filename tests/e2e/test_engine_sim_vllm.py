@@ -40,6 +40,12 @@ def test_first_up_serves_through_ray(first, project):
     assert "42" in answer
     assert sorted(containers_of(STACK, NODES)) == [HEAD, WORKER]
     assert "2/2 nodes alive" in node_sh("spark1", f"docker logs {HEAD} 2>&1")
+    # the ranks share the node's IPC namespace: Ray's object store gets the node's /dev/shm (64 MiB by
+    # docker's default made the worker's raylet crash under load), now 1 GiB and no warning about it
+    for node, rank in zip(NODES, (HEAD, WORKER)):
+        kib = int(node_sh(node, f"docker exec {rank} df -k --output=size /dev/shm").split()[-1])
+        assert kib >= 1024 * 1024, (rank, kib)
+        assert "/dev/shm has only" not in node_sh(node, f"docker logs {rank} 2>&1"), rank
 
 
 def test_streaming_auth_on_v1_only(first):

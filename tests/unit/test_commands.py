@@ -4,6 +4,7 @@ import os
 import shlex
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -272,3 +273,45 @@ def test_incomplete_download_fails_and_leaves_no_stamp(hf_stub):
               SHARDS="10")  # fmt: skip
     assert out.returncode == 1 and "10 of 48 safetensors files" in out.stderr
     assert not (hf_stub / "weights" / ".deepseek-spark-download").exists()
+
+
+def _ray_worker_entrypoint():
+    cfg = parse_cluster(cluster_of("tp2"))
+    worker = plan.vllm_specs(cfg, "tp2")[1]
+    assert worker.args[:2] == ["ray", "start"]
+    return worker.entrypoint
+
+
+def test_ray_worker_waits_for_the_head_then_starts(tmp_path):
+    """A head still starting is not a failed group: the worker waits for its GCS port (bounded)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    entry = _ray_worker_entrypoint()
+    env = {"PATH": os.environ["PATH"], "RAY_ADDRESS": f"127.0.0.1:{port}", "DSPARK_RAY_WAIT": "30"}
+
+    def listen_later():
+        time.sleep(2.5)
+        srv.listen(1)
+
+    threading.Thread(target=listen_later, daemon=True).start()
+    t0 = time.monotonic()
+    out = subprocess.run([*entry, "echo", "started"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip().endswith("started"), out
+    assert "waiting for the Ray head" in out.stdout and time.monotonic() - t0 >= 2
+    srv.close()
+
+
+def test_ray_worker_gives_up_when_the_head_never_answers():
+    s = __import__("socket").socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there
+    env = {"PATH": os.environ["PATH"], "RAY_ADDRESS": f"127.0.0.1:{port}", "DSPARK_RAY_WAIT": "1"}
+    out = subprocess.run([*_ray_worker_entrypoint(), "echo", "started"], env=env, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 1 and "started" not in out.stdout
+    assert f"the Ray head 127.0.0.1:{port} did not answer in time" in out.stdout
