@@ -5,7 +5,9 @@ Load and validate the stack config, build the plan, register it, export the outp
 
 import pulumi
 
-from components import config, deployment, rules, stackplan
+from components import deployment
+from declared import config
+from planning import rules, stackplan
 
 try:
     settings = config.load()

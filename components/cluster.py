@@ -8,7 +8,6 @@ from typing import Any, Optional
 
 import pulumi
 
-from . import clients
 from .engram import EngramShards, EngramShardsArgs
 from .image import ServingImage, ServingImageArgs
 from .node import SparkNode, SparkNodeArgs
@@ -17,19 +16,9 @@ from .group import GroupArgs
 from .sglang import SglangGroup
 from .share import CheckpointShare, CheckpointShareArgs
 from .router import Router, router_member
-from .stackplan import MemberPlan, StackPlan
+from planning.clientconfig import client_config
+from planning.stackplan import MemberPlan, StackPlan
 from .vllm import VllmRayGroup
-
-
-def client_config(endpoint: str, model: str, api_key: str) -> dict:
-    """What an OpenAI SDK, curl or a gateway needs (holds the key: exported as a secret)."""
-    return {
-        "base_url": endpoint,
-        "api_key": api_key,
-        "model": model,
-        "openai_env": {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": api_key, "OPENAI_MODEL": model},
-        "litellm": clients.litellm_config(clients.Client(endpoint, api_key, model))["model_list"][0],
-    }
 
 
 @dataclass(frozen=True)

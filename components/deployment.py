@@ -9,11 +9,13 @@ from typing import Any
 
 import pulumi
 
-from . import monitoring
-from .cluster import DeepSeekCluster, DeepSeekClusterArgs, client_config
+from planning import monitoring
+from planning.clientconfig import client_config
+
+from .cluster import DeepSeekCluster, DeepSeekClusterArgs
 from .readiness import Readiness, ReadinessArgs
 from .router import Router, RouterArgs
-from .stackplan import ClusterPlan, StackPlan
+from planning.stackplan import ClusterPlan, StackPlan
 
 
 def group_output(sp: StackPlan) -> dict[str, Any]:

@@ -10,9 +10,9 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import local, remote
 
-from . import plan
+from planning import plan
 from .node import SparkNode
-from .stackplan import GroupPlan
+from planning.stackplan import GroupPlan
 
 GENERATION_LABEL = "deepseek-spark.generation"
 
@@ -130,7 +130,7 @@ def rank_container(
 
 def argv_checks(name: str, args: GroupArgs, parent) -> list[remote.Command]:
     """`<name>-rank<i>-argcheck` on each node: the image's own engine parsers on the exact argv of that
-    rank (components/argcheck.py). Upstream of the group generation, so a command line the image
+    rank (programs/argcheck.py). Upstream of the group generation, so a command line the image
     refuses fails `up` in seconds, before the running group is taken down or any rank starts."""
     checks = []
     for spec, command in zip(args.group.specs, args.group.argchecks):

@@ -11,7 +11,7 @@ import pulumi
 import pulumi_docker as docker
 
 from .node import SparkNode
-from .stackplan import ImagePlan
+from planning.stackplan import ImagePlan
 
 
 @dataclass(frozen=True)

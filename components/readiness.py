@@ -1,7 +1,7 @@
 """Readiness: `up` succeeds only when the endpoint really answers.
 
 A local command (runs where Pulumi runs) that waits for rank 0's /health and one authenticated
-chat completion (components/probe.py), failing at once if a rank exits meanwhile. It re-runs
+chat completion (programs/probe.py), failing at once if a rank exits meanwhile. It re-runs
 whenever a rank container is (re)created. The API key reaches it through its environment.
 """
 
@@ -13,8 +13,8 @@ from typing import Any, Optional
 import pulumi
 from pulumi_command import local
 
-from . import commands
-from .stackplan import ReadinessPlan
+from planning import commands
+from planning.stackplan import ReadinessPlan
 
 
 @dataclass(frozen=True)

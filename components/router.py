@@ -18,9 +18,9 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import local, remote
 
-from . import commands, plan
+from planning import commands, plan
 from .node import connection
-from .stackplan import MemberPlan, RouterPlan
+from planning.stackplan import MemberPlan, RouterPlan
 
 LOCAL_DOCKER = "unix:///var/run/docker.sock"  # router.node: local
 

@@ -17,7 +17,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from .node import SparkNode
-from .stackplan import ExportPlan
+from planning.stackplan import ExportPlan
 
 
 @dataclass(frozen=True)

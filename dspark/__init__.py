@@ -12,7 +12,7 @@
 It reads the stack's config from `Pulumi.<stack>.yaml` (`--project-dir`, default the current
 directory) and, for the commands that need them, the stack's outputs (`--outputs-file`, or
 `pulumi stack output --json --show-secrets --stack <stack>`). It reaches the nodes the way the
-program does: the system `ssh` with the stack's ssh options (`components.commands.ssh_opts`). The
+program does: the system `ssh` with the stack's ssh options (`planning.commands.ssh_opts`). The
 API key is never printed: every line read from a node or the endpoint is redacted.
 
 Exit codes: status 0 healthy, 1 degraded, 2 down; doctor 1 when it found something; smoke 1 when a

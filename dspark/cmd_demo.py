@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SIM_STACKS = {"sim": 3, "sim-tp2": 2, "sim-x2": 4}  # stack -> nodes of the simulated cluster
 CLUSTER = "sim"  # the cluster every sim stack file points at (its ssh key and known_hosts)
 STATE = ".dspark-demo"
-LINKED = ("__main__.py", "components", "dspark", "policy", "sim")  # the code the engine runs, linked
+LINKED = ("__main__.py", "declared", "planning", "components", "programs", "dspark", "policy", "sim")  # the code the engine runs, linked
 KEPT = ("encryptionsalt",)  # what the copied stack file keeps from the last run: its secrets' salt...
 SECRETS = ("deepseek-spark:apiKey", "deepseek-spark:sshPrivateKey")  # ...and the secrets
 ENGINE_VERSION = "v3.274.1"  # .ci/engine-setup's PULUMI_VERSION
@@ -191,7 +191,7 @@ class Demo:
         for line in (
             f"export {env} PATH=$PWD/.venv/bin:$PATH   # this demo's backend and CLI",
             f"pulumi stack output --stack {self.stack} --json --show-secrets client_config",
-            f".venv/bin/python -m components.clients --stack {self.stack} --format openai-env   # an .env for OpenAI SDKs",
+            f".venv/bin/python -m dspark.clients --stack {self.stack} --format openai-env   # an .env for OpenAI SDKs",
             f".venv/bin/python -m dspark status --stack {self.stack}" + (" --group a" if self.stack == "sim-x2" else ""),
             f".venv/bin/python -m dspark logs --stack {self.stack} --tail 20" + (" --group a" if self.stack == "sim-x2" else ""),
             f".venv/bin/python -m dspark smoke --stack {self.stack}",

@@ -33,7 +33,8 @@ from typing import Callable, Optional, TextIO
 
 import yaml
 
-from components import commands, plan, probe
+from planning import commands, plan
+from programs import probe
 
 from . import api
 from .nodes import (

@@ -35,7 +35,7 @@ import shlex
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from components import plan, rules, stackplan
+from planning import plan, rules, stackplan
 
 from .nodes import preflight_checks
 from .render import table, to_json

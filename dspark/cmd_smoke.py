@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from components import clients
+from dspark import clients
 
 from . import api
 from .nodes import redact

@@ -40,7 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TextIO
 
-from components import plan, probe
+from planning import plan
+from programs import probe
 
 from . import api
 from .nodes import GPU_MEMORY, Container, Node, Nodes, inspect_cmd, logs_cmd, parse_gpu, parse_inspect, redact
@@ -59,7 +60,7 @@ NOT_RUNNING = {"created", "paused", "restarting", "removing", "exited", "dead", 
 
 def boot_phase(lines: list[str]) -> Optional[tuple[str, str]]:
     """(phase, the log line that shows it) of rank 0's boot: the phase the readiness probe names
-    (`components.probe.BOOT_PHASES`, one source of truth), or None when no line shows one."""
+    (`programs.probe.BOOT_PHASES`, one source of truth), or None when no line shows one."""
     name = probe.boot_phase("\n".join(lines))
     if name is None:
         return None

@@ -1,7 +1,7 @@
 """Node access: run one command on a node over the system ssh, the way the program reaches nodes.
 
 A `Runner` is `(target, port, ssh_opts, remote) -> (exit code, stdout+stderr)`; the default is
-`components.probe.on_node` (system `ssh`, `commands.ssh_opts(cfg)`, `-p <sshPort>`,
+`programs.probe.on_node` (system `ssh`, `commands.ssh_opts(cfg)`, `-p <sshPort>`,
 `<sshUser>@<host>`), so the stack's known_hosts file is what ssh checks. A `Streamer` is the same
 call returning the output line by line as it arrives (for `logs --follow`). Tests inject fakes.
 
@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TypeVar
 
-from components import commands, plan, probe
-from components.config import ClusterConfig
+from planning import commands, plan
+from programs import probe
+from declared.config import ClusterConfig
 
 q = shlex.quote
 

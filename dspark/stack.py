@@ -1,5 +1,5 @@
 """A stack as dspark sees it: the validated config from `Pulumi.<stack>.yaml`, and the stack's
-outputs, read only when a command needs them (components.clients.read_outputs: `--outputs-file`,
+outputs, read only when a command needs them (dspark.clients.read_outputs: `--outputs-file`,
 or `pulumi stack output --json --show-secrets --stack <stack>` run in the project directory)."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from components import clients, config, plan, stackplan
-from components.config import ClusterConfig
+from declared import config
+from dspark import clients
+from planning import plan, stackplan
+from declared.config import ClusterConfig
 
 CONFIG_KEY = f"{config.PROJECT}:{config.CLUSTER_KEY}"
 

@@ -6,7 +6,7 @@ The checks are plain functions in guardrails.py; policies.py turns them into pul
 import sys
 from pathlib import Path
 
-# The pack shares the program's validators (components/shapes.py): one source of truth.
+# The pack shares the program's validators (declared/shapes.py): one source of truth.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pulumi_policy import EnforcementLevel, PolicyPack  # noqa: E402

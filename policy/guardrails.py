@@ -25,421 +25,19 @@ What a policy can see at preview, and so what these checks can enforce:
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import posixpath
 import re
 import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from components import shapes  # the program's own validators (policy/__main__.py puts the project on sys.path)
-
-PROJECT = "deepseek-spark"
-CONTAINER = "docker:index/container:Container"
-VOLUME = "docker:index/volume:Volume"
-REMOTE_COMMAND = "command:remote:Command"
-LOCAL_COMMAND = "command:local:Command"
-COMMANDS = (REMOTE_COMMAND, LOCAL_COMMAND)
-ROLE_LABEL = "deepseek-spark.role"
-RANK_LABEL = "deepseek-spark.rank"
-DEFAULT_SECRET_KEYS = (f"{PROJECT}:apiKey", f"{PROJECT}:sshPrivateKey")
-SCRIPT_FIELDS = ("create", "update", "delete")
-
-# --------------------------------------------------------------------------------------------- facts
-
-
-def _plain_key(key: str) -> str:
-    """`ns:config:key` (the language hosts' legacy form) -> `ns:key`."""
-    parts = key.split(":")
-    return f"{parts[0]}:{parts[2]}" if len(parts) == 3 and parts[1] == "config" else key
-
-
-@dataclass(frozen=True)
-class StackFacts:
-    """What the checks need from the stack config (passed to a policy pack in PULUMI_CONFIG)."""
-
-    secrets: tuple[str, ...] = ()  # decrypted values of the secret config keys
-    checkpoint_dirs: tuple[str, ...] = ()
-    api_key_problem: Optional[str] = None  # why the stack's apiKey cannot protect the endpoint (shapes)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], secret_keys: Iterable[str] = DEFAULT_SECRET_KEYS) -> "StackFacts":
-        """`config`: {"deepseek-spark:apiKey": "...", "deepseek-spark:cluster": "<json>", ...}."""
-        flat = {_plain_key(k): v for k, v in config.items()}
-        secrets = []
-        for key in secret_keys:
-            value = flat.get(_plain_key(key))
-            if isinstance(value, str) and len(value.strip()) >= 8:  # shorter values would match everywhere
-                secrets.append(value)
-        dirs = []
-        cluster = flat.get(f"{PROJECT}:cluster")
-        if isinstance(cluster, str):
-            try:
-                cluster = json.loads(cluster)
-            except ValueError:
-                cluster = None
-        if isinstance(cluster, Mapping):
-            groups = cluster.get("groups") if isinstance(cluster.get("groups"), list) else []
-            for part in (cluster, *(g for g in groups if isinstance(g, Mapping))):  # a group may override it
-                model = part.get("model") if isinstance(part.get("model"), Mapping) else {}
-                ckpt = model.get("checkpointDir")
-                if isinstance(ckpt, str) and ckpt.startswith("/"):
-                    dirs.append(posixpath.normpath(ckpt))
-        key = flat.get(f"{PROJECT}:apiKey")
-        problem = shapes.api_key_problem(key) if isinstance(key, str) else None
-        return cls(tuple(secrets), tuple(dirs), problem)
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str], secret_keys: Iterable[str] = DEFAULT_SECRET_KEYS) -> "StackFacts":
-        raw = environ.get("PULUMI_CONFIG") or "{}"
-        try:
-            config = json.loads(raw)
-        except ValueError:
-            config = {}
-        return cls.from_config(config if isinstance(config, dict) else {}, secret_keys)
-
-    def with_policy_config(self, config: Mapping[str, Any]) -> "StackFacts":
-        """Add `checkpointDirs` from a policy's config."""
-        extra = [posixpath.normpath(d) for d in (config.get("checkpointDirs") or []) if str(d).startswith("/")]
-        return StackFacts(self.secrets, tuple(dict.fromkeys([*self.checkpoint_dirs, *extra])), self.api_key_problem)
-
-
-# ------------------------------------------------------------------------------------------- helpers
-
-
-def _is_seq(value: Any) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
-def _get(mapping: Any, key: str, default: Any = None) -> Any:
-    if not isinstance(mapping, Mapping):
-        return default
-    try:
-        value = mapping[key] if key in mapping else default
-    except Exception as exc:  # pulumi-policy's UnknownValueError: not known during preview
-        if type(exc).__name__ == "UnknownValueError":
-            return default
-        raise
-    return default if value is None else value
-
-
-def _items(value: Any) -> list[Any]:
-    if not _is_seq(value):
-        return []
-    out = []
-    for i in range(len(value)):
-        try:
-            out.append(value[i])
-        except Exception as exc:
-            if type(exc).__name__ != "UnknownValueError":
-                raise
-    return out
-
-
-def _label(res: Any) -> str:
-    props = getattr(res, "props", {}) or {}
-    name = _get(props, "name")
-    return f"{res.name} ({name})" if isinstance(name, str) and name and name != res.name else str(res.name)
-
-
-def labels_of(props: Any) -> dict[str, str]:
-    """docker labels, given as [{label, value}] (pulumi-docker) or as a mapping."""
-    raw = _get(props, "labels")
-    if isinstance(raw, Mapping):
-        return {str(k): str(_get(raw, k, "")) for k in raw}
-    out = {}
-    for item in _items(raw):
-        key = _get(item, "label")
-        if isinstance(key, str):
-            out[key] = str(_get(item, "value", ""))
-    return out
-
-
-def is_rank(res: Any) -> bool:
-    """A rank of a serving group (the router container has a role but no rank)."""
-    labels = labels_of(res.props) if res.resource_type == CONTAINER else {}
-    return ROLE_LABEL in labels and RANK_LABEL in labels
-
-
-def envs_of(props: Any) -> dict[str, str]:
-    out = {}
-    for entry in _items(_get(props, "envs")):
-        if isinstance(entry, str) and "=" in entry:
-            key, value = entry.split("=", 1)
-            out[key] = value
-    return out
-
-
-def strings(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
-    """Every string leaf of a property tree with its path (unknown values are skipped)."""
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, Mapping):
-        for key in list(value):
-            try:
-                child = value[key]
-            except Exception as exc:
-                if type(exc).__name__ == "UnknownValueError":
-                    continue
-                raise
-            yield from strings(child, (*path, str(key)))
-    elif _is_seq(value):
-        for i, child in enumerate(_items(value)):
-            yield from strings(child, (*path, str(i)))
-
-
-def scripts_of(res: Any) -> list[tuple[str, str]]:
-    """(field, script) for every shell script a resource will run: command create/update/delete, and a
-    container's `sh -c` entrypoint or command."""
-    props = res.props
-    out: list[tuple[str, str]] = []
-    if res.resource_type in COMMANDS:
-        for name in SCRIPT_FIELDS:
-            value = _get(props, name)
-            if isinstance(value, str):
-                out.append((name, value))
-    elif res.resource_type == CONTAINER:
-        for name in ("entrypoints", "command"):
-            argv = [a for a in _items(_get(props, name)) if isinstance(a, str)]
-            for i, arg in enumerate(argv[:-1]):
-                if arg == "-c" and i >= 1 and posixpath.basename(argv[i - 1]) in _SHELLS:
-                    out.append((f"{name}[{i + 1}]", argv[i + 1]))
-    return out
-
-
-# ----------------------------------------------------------------------------------- shell, statically
-
-_PUNCT = "();<>|&\n"
-_KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "case", "esac", "{", "}", "!"}
-_SHELLS = {"sh", "bash", "dash", "ash", "zsh"}
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-
-
-@dataclass
-class SimpleCommand:
-    argv: list[str]  # words after assignments and wrappers (sudo, env, nohup, ...) are stripped
-    writes: list[str] = field(default_factory=list)  # `>` / `>>` targets
-    stdin_from: Optional["SimpleCommand"] = None  # previous stage of a pipeline
-    text: str = ""
-    assignments: list[str] = field(default_factory=list)  # `NAME=value` words of a command-less line
-
-
-def _tokens(script: str) -> Optional[list[str]]:
-    lex = shlex.shlex(script, posix=True, punctuation_chars=_PUNCT)
-    lex.whitespace = " \t\r"
-    lex.commenters = ""
-    lex.wordchars += "$:@%+,{}[]!^#*?~=."
-    try:
-        return list(lex)
-    except ValueError:
-        return None
-
-
-def _strip_wrappers(argv: list[str]) -> list[str]:
-    """`sudo -n rm x` -> `rm x`; also env, nohup, exec, command, nice, timeout, doas."""
-    changed = True
-    while argv and changed:
-        changed = False
-        word = posixpath.basename(argv[0])
-        if word in ("sudo", "doas"):
-            argv = argv[1:]
-            while argv and argv[0].startswith("-"):
-                opt = argv.pop(0)
-                if opt in ("-u", "-g", "-C", "-h", "-p", "-U", "-r", "-t") and argv:
-                    argv.pop(0)
-            changed = True
-        elif word == "env":
-            argv = argv[1:]
-            while argv and (argv[0].startswith("-") or _ASSIGNMENT.match(argv[0])):
-                argv.pop(0)
-            changed = True
-        elif word in ("nohup", "exec", "builtin") or (word == "command" and argv[1:2] not in (["-v"], ["-V"])):
-            argv = argv[1:]
-            changed = True
-        elif word in ("nice", "ionice", "timeout", "stdbuf"):
-            argv = argv[1:]
-            while argv and (argv[0].startswith("-") or (word == "timeout" and argv[0][:1].isdigit())):
-                argv.pop(0)
-            changed = True
-    return argv
-
-
-def parse_script(script: str) -> Optional[list[SimpleCommand]]:
-    """The simple commands of a POSIX sh script, in order; None when it cannot be tokenized."""
-    tokens = _tokens(script)
-    if tokens is None:
-        return None
-    commands: list[SimpleCommand] = []
-    words: list[str] = []
-    writes: list[str] = []
-    piped_from: Optional[SimpleCommand] = None
-
-    def flush(sep: str) -> None:
-        nonlocal words, writes, piped_from
-        argv = list(words)
-        while argv and argv[0] in _KEYWORDS:
-            argv.pop(0)
-        assignments = []
-        while argv and _ASSIGNMENT.match(argv[0]):
-            assignments.append(argv.pop(0))
-        cmd = SimpleCommand(_strip_wrappers(argv), list(writes), piped_from, " ".join(words))
-        if cmd.argv or assignments:
-            if not cmd.argv:  # only assignments: they set shell variables for the lines after
-                cmd.assignments = assignments
-            commands.append(cmd)
-            piped_from = cmd if sep == "|" else None
-        else:
-            piped_from = None
-        words, writes = [], []
-
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok and set(tok) <= set(_PUNCT):
-            if "<" in tok or ">" in tok:
-                target = tokens[i + 1] if i + 1 < len(tokens) else ""
-                if ">" in tok and "&" not in tok and target:
-                    writes.append(target)
-                elif tok in (">&", "&>") and target and not target.isdigit():
-                    writes.append(target)
-                if words and words[-1].isdigit():  # `2>` : the fd number belongs to the redirection
-                    words.pop()
-                i += 2
-                continue
-            flush("|" if tok == "|" else tok)
-            i += 1
-            continue
-        words.append(tok)
-        i += 1
-    flush("")
-    return commands
-
-
-def _expand(word: str, env: Mapping[str, str]) -> Optional[str]:
-    """Substitute literal `$NAME`/`${NAME}` from earlier assignments; None if anything stays dynamic."""
-    out = _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), "\0"), word)
-    if "\0" in out or "$" in out or "`" in out:
-        return None
-    return out
-
-
-def _assignments(cmd: SimpleCommand) -> list[tuple[str, str]]:
-    return [(a.split("=", 1)[0], a.split("=", 1)[1]) for a in cmd.assignments]
-
-
-def _operands(args: list[str], takes_value: tuple[str, ...] = ()) -> list[str]:
-    out, i, options_done = [], 0, False
-    while i < len(args):
-        arg = args[i]
-        if not options_done and arg == "--":
-            options_done = True
-        elif not options_done and arg.startswith("-") and arg != "-":
-            if arg in takes_value:
-                i += 1
-        else:
-            out.append(arg)
-        i += 1
-    return out
-
-
-def deleted_paths(cmd: SimpleCommand) -> list[str]:
-    """Paths a simple command deletes or moves away (as written, before expansion); [] for none.
-    `"<dynamic>"` stands for paths that come from elsewhere (xargs)."""
-    if not cmd.argv:
-        return []
-    name, args = posixpath.basename(cmd.argv[0]), cmd.argv[1:]
-    if name in ("rm", "rmdir", "unlink", "shred"):
-        return _operands(args)
-    if name == "mv":
-        return _operands(args, ("-t", "-S"))[:-1]
-    if name == "truncate":
-        return _operands(args, ("-s", "-r", "--size", "--reference"))
-    if name == "find":
-        deleting = "-delete" in args or any(
-            a in ("-exec", "-execdir", "-ok") and i + 1 < len(args)
-            and posixpath.basename(args[i + 1]) in ("rm", "rmdir", "shred", "unlink", "mv")
-            for i, a in enumerate(args)
-        )  # fmt: skip
-        roots = []
-        for a in args:
-            if a.startswith("-") or a in ("(", "!", ")"):
-                break
-            roots.append(a)
-        return (roots or ["."]) if deleting else []
-    if name == "rsync":
-        ops = _operands(args)
-        paths = []
-        if any(a.startswith("--delete") for a in args) and ops:
-            paths.append(ops[-1])
-        if "--remove-source-files" in args:
-            paths += ops[:-1]
-        return paths
-    if name == "dd":
-        return [a[3:] for a in args if a.startswith("of=")]
-    if name == "xargs":
-        inner = _strip_wrappers([a for a in args if not a.startswith("-")])
-        if inner and posixpath.basename(inner[0]) in ("rm", "rmdir", "unlink", "shred", "mv", "truncate"):
-            return ["<dynamic>"]
-    return []
-
-
-def _inner_scripts(cmd: SimpleCommand) -> list[str]:
-    """`sh -c 'script'` nested in a command."""
-    if cmd.argv and posixpath.basename(cmd.argv[0]) in _SHELLS and "-c" in cmd.argv[1:-1]:
-        return [cmd.argv[cmd.argv.index("-c") + 1]]
-    return []
-
-
-def walk_script(script: str, depth: int = 0) -> Optional[list[tuple[SimpleCommand, dict[str, str]]]]:
-    """Every simple command with the literal variables known at that point (nested `sh -c` included)."""
-    commands = parse_script(script)
-    if commands is None:
-        return None
-    env: dict[str, str] = {}
-    out = []
-    for cmd in commands:
-        for key, value in _assignments(cmd):
-            expanded = _expand(value, env)
-            if expanded is None:
-                env.pop(key, None)
-            else:
-                env[key] = expanded
-        out.append((cmd, dict(env)))
-        if depth < 3:
-            for inner in _inner_scripts(cmd):
-                nested = walk_script(inner, depth + 1)
-                if nested is None:
-                    return None
-                out += nested
-    return out
-
-
-def _overlaps(path: str, protected: str) -> Optional[str]:
-    """How deleting `path` affects `protected`: "is", "contains", "inside", or None."""
-    p = posixpath.normpath(path)
-    if any(c in p for c in "*?["):
-        head = re.split(r"[*?\[]", p, 1)[0]
-        ancestors = [protected]
-        d = protected
-        while d not in ("/", ""):
-            d = posixpath.dirname(d)
-            ancestors.append(d)
-        if any(fnmatch.fnmatchcase(a, p) for a in ancestors) or protected.startswith(head):
-            return "contains"
-        if head.startswith(protected.rstrip("/") + "/"):
-            return "inside"
-        return None
-    if p == protected:
-        return "is"
-    if protected.startswith(p.rstrip("/") + "/"):
-        return "contains"
-    if p.startswith(protected.rstrip("/") + "/"):
-        return "inside"
-    return None
-
+from declared import shapes  # the program's own validators (policy/__main__.py puts the project on sys.path)
+from resources import (
+    COMMANDS, CONTAINER, LOCAL_COMMAND, PROJECT, REMOTE_COMMAND, VOLUME, StackFacts, envs_of, is_rank, items_of,
+    labels_of, prop, resource_label, scripts_of, strings,
+)  # fmt: skip
+from shellscan import SimpleCommand, deleted_paths, expand, operands, overlaps, walk_script
 
 # ------------------------------------------------------------------------------------------- checks
 
@@ -453,11 +51,11 @@ def check_privileged(res: Any, config: Mapping[str, Any], facts: StackFacts) -> 
     out = []
     fix = ("ranks need only /dev/infiniband and IPC_LOCK; or allow it for this stack with the policy config "
            '{"no-privileged-containers": {"allowPrivileged": true}}')  # fmt: skip
-    if _get(res.props, "privileged") is True:
-        out.append(f"container {_label(res)} is privileged (every device and capability of the node); {fix}")
-    adds = [str(a).upper() for a in _items(_get(_get(res.props, "capabilities", {}), "adds"))]
+    if prop(res.props, "privileged") is True:
+        out.append(f"container {resource_label(res)} is privileged (every device and capability of the node); {fix}")
+    adds = [str(a).upper() for a in items_of(prop(prop(res.props, "capabilities", {}), "adds"))]
     if "ALL" in adds or "CAP_ALL" in adds:
-        out.append(f"container {_label(res)} adds ALL capabilities, which is as good as privileged; {fix}")
+        out.append(f"container {resource_label(res)} adds ALL capabilities, which is as good as privileged; {fix}")
     return out
 
 
@@ -465,10 +63,10 @@ def check_rank_restart(res: Any, config: Mapping[str, Any], facts: StackFacts) -
     """A rank container never restarts on its own: a lone restarted rank cannot rejoin its TP group."""
     if not is_rank(res):
         return []
-    restart = _get(res.props, "restart", "no")  # the docker provider's default is "no"
+    restart = prop(res.props, "restart", "no")  # the docker provider's default is "no"
     if restart != "no":
         return [
-            f"rank container {_label(res)} has restart={restart!r}: one rank restarting alone hangs the "
+            f"rank container {resource_label(res)} has restart={restart!r}: one rank restarting alone hangs the "
             "tensor-parallel group; use restart='no' (the group is restarted as a whole by a new group revision)"
         ]
     return []
@@ -481,7 +79,7 @@ def check_rank_delete_before_replace(res: Any, config: Mapping[str, Any], facts:
     opts = getattr(res, "opts", None)
     if getattr(opts, "delete_before_replace", None) is not True:
         return [
-            f"rank container {_label(res)} is not delete_before_replace: with a fixed container name and "
+            f"rank container {resource_label(res)} is not delete_before_replace: with a fixed container name and "
             "host networking the replacement cannot start while the old rank runs; set "
             "pulumi.ResourceOptions(delete_before_replace=True)"
         ]
@@ -499,12 +97,12 @@ def check_offload_mode(res: Any, config: Mapping[str, Any], facts: StackFacts) -
            "cannot serve; use serving.offloadMode: nvme")  # fmt: skip
     out = []
     if envs_of(res.props).get("OFFLOAD_MODE", "").strip().strip("'\"").lower() == "ram":
-        out.append(f"{_label(res)}: env OFFLOAD_MODE=ram; {why}")
+        out.append(f"{resource_label(res)}: env OFFLOAD_MODE=ram; {why}")
     for path, text in strings(res.props):
         if path[:1] == ("envs",):
             continue
         if _OFFLOAD_RAM.search(text):
-            out.append(f"{_label(res)}: {'.'.join(path)} sets OFFLOAD_MODE=ram; {why}")
+            out.append(f"{resource_label(res)}: {'.'.join(path)} sets OFFLOAD_MODE=ram; {why}")
     return out
 
 
@@ -540,7 +138,7 @@ def _content(producer: Optional[SimpleCommand], env: Mapping[str, str]) -> Optio
     """What a `printf`/`echo` writes, when it can be read statically."""
     if producer is None or not producer.argv:
         return None
-    args = [_expand(a, env) for a in producer.argv[1:]]
+    args = [expand(a, env) for a in producer.argv[1:]]
     if any(a is None for a in args):
         return None
     name = posixpath.basename(producer.argv[0])
@@ -612,7 +210,7 @@ def check_nfs_exports(res: Any, config: Mapping[str, Any], facts: StackFacts) ->
             continue
         walked = walk_script(script)
         if walked is None:
-            out.append(f"{_label(res)}: {field_name} touches NFS exports but cannot be parsed; the policy cannot verify it")
+            out.append(f"{resource_label(res)}: {field_name} touches NFS exports but cannot be parsed; the policy cannot verify it")
             continue
         for cmd, env in walked:
             if not cmd.argv:
@@ -631,26 +229,26 @@ def check_nfs_exports(res: Any, config: Mapping[str, Any], facts: StackFacts) ->
                     entries.append(f"{path} {client}({opts})")
                 if targets and "-u" in args:
                     entries = []  # unexporting is always fine
-            written = [w for w in cmd.writes if _is_exports_path(_expand(w, env) or w)]
-            tee_targets = [a for a in _operands(args) if _is_exports_path(_expand(a, env) or a)] if name == "tee" else []
+            written = [w for w in cmd.writes if _is_exports_path(expand(w, env) or w)]
+            tee_targets = [a for a in operands(args) if _is_exports_path(expand(a, env) or a)] if name == "tee" else []
             if written or tee_targets:
                 text = _content(cmd.stdin_from if tee_targets else cmd, env)
                 if text is None:
                     target = (written or tee_targets)[0]
                     out.append(
-                        f"{_label(res)}: {field_name} writes {target} with content the policy cannot read "
+                        f"{resource_label(res)}: {field_name} writes {target} with content the policy cannot read "
                         "(use printf '%s\\n' '<line>' | tee <file>)"
                     )
                 else:
                     entries += [line for line in text.splitlines() if line.strip()]
             elif name not in ("rm", "mkdir", "exportfs", "cat", "ls", "test", "[", "echo", "printf", "grep") and any(
-                _is_exports_path(_expand(a, env) or a) for a in args
+                _is_exports_path(expand(a, env) or a) for a in args
             ):
                 out.append(
-                    f"{_label(res)}: {field_name} changes NFS exports with `{cmd.text}`, which the policy cannot verify"
+                    f"{resource_label(res)}: {field_name} changes NFS exports with `{cmd.text}`, which the policy cannot verify"
                 )
             for entry in entries:
-                out += [f"{_label(res)}: {p}" for p in export_entry_problems(entry)]
+                out += [f"{resource_label(res)}: {p}" for p in export_entry_problems(entry)]
     return out
 
 
@@ -672,20 +270,20 @@ def check_checkpoint_kept(res: Any, config: Mapping[str, Any], facts: StackFacts
         if walked is None:
             if any(d in script for d in dirs) or re.search(r"(^|[\s;&|])(sudo\s+(-\S+\s+)*)?(rm|mv|find|rsync)\s", script):
                 out.append(
-                    f"{_label(res)}: {field_name} cannot be parsed, so the policy cannot show it leaves the checkpoint alone"
+                    f"{resource_label(res)}: {field_name} cannot be parsed, so the policy cannot show it leaves the checkpoint alone"
                 )
             continue
         for cmd, env in walked:
             for raw in deleted_paths(cmd):
-                path = None if raw == "<dynamic>" else _expand(raw, env)
+                path = None if raw == "<dynamic>" else expand(raw, env)
                 if path is None or not path.startswith("/"):
                     out.append(
-                        f"{_label(res)}: {field_name} runs `{cmd.text}` on a path known only at run time "
+                        f"{resource_label(res)}: {field_name} runs `{cmd.text}` on a path known only at run time "
                         f"({raw}); the policy cannot show it spares the checkpoint: use absolute literal paths"
                     )
                     continue
                 for ckpt in dirs:
-                    how = _overlaps(path, ckpt)
+                    how = overlaps(path, ckpt)
                     if how:
                         what = {
                             "is": "deletes the checkpoint",
@@ -694,26 +292,26 @@ def check_checkpoint_kept(res: Any, config: Mapping[str, Any], facts: StackFacts
                         }[how]
                         if posixpath.basename(cmd.argv[0]) == "find":
                             what = "deletes what it finds there, which can be the checkpoint or files in it"
-                        out.append(f"{_label(res)}: {field_name} runs `{cmd.text}`, which {what} ({ckpt})")
+                        out.append(f"{resource_label(res)}: {field_name} runs `{cmd.text}`, which {what} ({ckpt})")
             if cmd.argv and posixpath.basename(cmd.argv[0]) in ("docker", "podman"):
                 out += _docker_run_mounts(res, field_name, cmd, env, dirs, set())
     if res.resource_type == CONTAINER:
-        for m in _items(_get(res.props, "mounts")):
-            source, kind = str(_get(m, "source", "")), _get(m, "type", "volume")
-            if kind == "bind" and source.startswith("/") and any(_overlaps(source, d) for d in dirs):
-                if _get(m, "readOnly") is not True:
-                    out.append(f"container {_label(res)} mounts the checkpoint {source} writable; set read_only=True")
-        for v in _items(_get(res.props, "volumes")):
-            host = str(_get(v, "hostPath", ""))
-            if host.startswith("/") and any(_overlaps(host, d) for d in dirs) and _get(v, "readOnly") is not True:
-                out.append(f"container {_label(res)} mounts the checkpoint {host} writable; set read_only=True")
+        for m in items_of(prop(res.props, "mounts")):
+            source, kind = str(prop(m, "source", "")), prop(m, "type", "volume")
+            if kind == "bind" and source.startswith("/") and any(overlaps(source, d) for d in dirs):
+                if prop(m, "readOnly") is not True:
+                    out.append(f"container {resource_label(res)} mounts the checkpoint {source} writable; set read_only=True")
+        for v in items_of(prop(res.props, "volumes")):
+            host = str(prop(v, "hostPath", ""))
+            if host.startswith("/") and any(overlaps(host, d) for d in dirs) and prop(v, "readOnly") is not True:
+                out.append(f"container {resource_label(res)} mounts the checkpoint {host} writable; set read_only=True")
     if res.resource_type == VOLUME:
-        opts = _get(res.props, "driverOpts", {})
-        device = str(_get(opts, "device", ""))
+        opts = prop(res.props, "driverOpts", {})
+        device = str(prop(opts, "device", ""))
         source = device.split(":", 1)[1] if device.count(":") and not device.startswith("/") else device
-        if source.startswith("/") and any(_overlaps(source, d) in ("is", "inside") for d in dirs):
-            if _get(opts, "type") == "nfs" and "ro" not in str(_get(opts, "o", "")).split(","):
-                out.append(f"volume {_label(res)} mounts the checkpoint over NFS without 'ro' in its options")
+        if source.startswith("/") and any(overlaps(source, d) in ("is", "inside") for d in dirs):
+            if prop(opts, "type") == "nfs" and "ro" not in str(prop(opts, "o", "")).split(","):
+                out.append(f"volume {resource_label(res)} mounts the checkpoint over NFS without 'ro' in its options")
     return out
 
 
@@ -736,18 +334,18 @@ def _docker_run_mounts(res, field_name, cmd, env, dirs, volume_names) -> list[st
     for i, a in enumerate(args[:-1]):
         if a not in ("-v", "--volume"):
             continue
-        spec = _expand(args[i + 1], env)
+        spec = expand(args[i + 1], env)
         if spec is None:
             continue
         parts = spec.split(":")
         if len(parts) < 2:
             continue
         src, mode = parts[0], (parts[2] if len(parts) > 2 else "")
-        hits = (src.startswith("/") and any(_overlaps(src, d) for d in dirs)) or src in volume_names
+        hits = (src.startswith("/") and any(overlaps(src, d) for d in dirs)) or src in volume_names
         if hits and field_name == "create" and _is_checkpoint_download(args, parts[1]):
             continue  # model.source: download fills the checkpoint dir; it only ever adds files
         if hits and "ro" not in mode.split(","):
-            out.append(f"{_label(res)}: {field_name} runs a container with the checkpoint {src} mounted writable; add :ro")
+            out.append(f"{resource_label(res)}: {field_name} runs a container with the checkpoint {src} mounted writable; add :ro")
     return out
 
 
@@ -758,10 +356,10 @@ def checkpoint_volume_names(resources: Iterable[Any], dirs: Iterable[str]) -> se
     for r in resources:
         if r.resource_type != VOLUME:
             continue
-        device = str(_get(_get(r.props, "driverOpts", {}), "device", ""))
+        device = str(prop(prop(r.props, "driverOpts", {}), "device", ""))
         source = device.split(":", 1)[1] if ":" in device and not device.startswith("/") else device
-        if source.startswith("/") and any(_overlaps(source, d) in ("is", "inside") for d in dirs):
-            name = _get(r.props, "name")
+        if source.startswith("/") and any(overlaps(source, d) in ("is", "inside") for d in dirs):
+            name = prop(r.props, "name")
             if isinstance(name, str):
                 names.add(name)
     return names
@@ -776,10 +374,10 @@ def check_checkpoint_volume_mounts(resources: Sequence[Any], config: Mapping[str
     out = []
     for r in resources:
         if r.resource_type == CONTAINER:
-            for m in _items(_get(r.props, "mounts")):
-                if _get(m, "type", "volume") == "volume" and _get(m, "source") in names and _get(m, "readOnly") is not True:
+            for m in items_of(prop(r.props, "mounts")):
+                if prop(m, "type", "volume") == "volume" and prop(m, "source") in names and prop(m, "readOnly") is not True:
                     out.append(
-                        f"container {_label(r)} mounts checkpoint volume {_get(m, 'source')} writable; set read_only=True"
+                        f"container {resource_label(r)} mounts checkpoint volume {prop(m, 'source')} writable; set read_only=True"
                     )
         for field_name, script in scripts_of(r):
             for cmd, env in walk_script(script) or []:
@@ -817,12 +415,12 @@ def check_no_plain_secrets(res: Any, config: Mapping[str, Any], facts: StackFact
     own check). Messages name the field, never the value."""
     out = []
     if facts.api_key_problem and res.resource_type == CONTAINER and labels_of(res.props).get("deepseek-spark.rank") == "0":
-        out.append(f"{_label(res)} would serve with {PROJECT}:apiKey, which {facts.api_key_problem}")
+        out.append(f"{resource_label(res)} would serve with {PROJECT}:apiKey, which {facts.api_key_problem}")
     props = res.props
     for path, text in strings(props):
         if _allowed(res.resource_type, path):
             continue
-        where = f"{_label(res)}: {'.'.join(path) or '(value)'}"
+        where = f"{resource_label(res)}: {'.'.join(path) or '(value)'}"
         if any(s in text or s.strip() in text for s in facts.secrets):
             out.append(f"{where} contains a secret from the stack config; pass it on stdin or through a secret input")
         elif _PEM.search(text):
@@ -832,14 +430,14 @@ def check_no_plain_secrets(res: Any, config: Mapping[str, Any], facts: StackFact
         elif _BEARER_LITERAL.search(text):
             out.append(f"{where} holds a literal bearer token; read it from the environment or a 0600 file")
     if res.resource_type == CONTAINER:
-        argv = [a for a in _items(_get(props, "command")) if isinstance(a, str)]
+        argv = [a for a in items_of(prop(props, "command")) if isinstance(a, str)]
         for i, a in enumerate(argv[:-1]):
             if a == "--api-key" and not argv[i + 1].startswith("$"):
-                out.append(f"container {_label(res)}: command passes --api-key as a literal argument; mount it as a file")
+                out.append(f"container {resource_label(res)}: command passes --api-key as a literal argument; mount it as a file")
         for key, value in envs_of(props).items():
             if value and _SECRET_WORDS & set(key.upper().split("_")):
                 out.append(
-                    f"container {_label(res)}: env {key} holds a literal value (shown by `docker inspect`); "
+                    f"container {resource_label(res)}: env {key} holds a literal value (shown by `docker inspect`); "
                     "mount the secret as a 0600 file instead"
                 )
     return list(dict.fromkeys(out))

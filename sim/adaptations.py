@@ -45,7 +45,7 @@ ADAPTATIONS: list[Adaptation] = [
                "(waiting is always 0: the doubles never queue)",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
     Adaptation("the doubles' parsers are built from the REAL parsers' option tables (sglang 0.5.23, vllm 0.31.0: "
-               "components/options, dumped from the PyPI packages; tests/conformance keeps them equal), with "
+               "declared/options, dumped from the PyPI packages; tests/conformance keeps them equal), with "
                "allow_abbrev on, the real dests, aliases, --no- forms, int/float types and choices; not reproduced: "
                "custom type parsers (a value a real custom parser refuses, e.g. bad JSON for --cuda-graph-config or "
                "`--max-model-len lots`, is accepted as text) and the engines' post-parse resolution (ServerArgs "
@@ -67,7 +67,7 @@ ADAPTATIONS: list[Adaptation] = [
                "at 256 MiB by image env",
                "no GPU and no vLLM build for the simulated nodes", "sim/testdouble/vllm_serve.py, sim/images.py"),
     Adaptation("tiny fake checkpoint (4 shards + a small engram table) and memory profile sim-test-double",
-               "no real checkpoint", "sim/, components/plan.py PROFILES"),
+               "no real checkpoint", "sim/, planning/plan.py PROFILES"),
     Adaptation("nvidia-smi, ethtool, ibdev2netdev and /dev/infiniband are stand-ins on each node; "
                "--gpus all is accepted through a stand-in nvidia-container-runtime-hook",
                "no GB10 GPU or ConnectX-7 in a container", "sim/assets/node"),

@@ -32,7 +32,7 @@ SIM_VERSION = "1"
 SUITE = "bookworm"
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"
-OPTIONS = Path(__file__).parent.parent / "components" / "options"  # the real engines' option tables
+OPTIONS = Path(__file__).parent.parent / "declared" / "options"  # the real engines' option tables
 ENGINE_IMAGE = "sglang-sim:test-double"
 VLLM_IMAGE = "vllm-sim:test-double"
 ENGINE_IMAGES = (ENGINE_IMAGE, VLLM_IMAGE)  # one image, two names; saved together, loaded together
@@ -225,10 +225,10 @@ def engine_overlay(rootfs_key: str) -> Overlay:
     for name in ("__init__.py", "flags.py", "openai_api.py", "server.py", "engram.py", "launch_server.py",
                  "vllm_serve.py", "parsers.py"):
         ov.add(f"{pkg}/dspark_testdouble/{name}", (TESTDOUBLE / name).read_bytes())
-    # the REAL engines' option tables the doubles' parsers are built from (components/options)
+    # the REAL engines' option tables the doubles' parsers are built from (declared/options)
     for table in sorted(OPTIONS.glob("*.json")):
         ov.add(f"{pkg}/dspark_testdouble/options/{table.name}", table.read_bytes())
-    # the real module paths components/argcheck.py imports, as TEST DOUBLES (dspark_testdouble.parsers)
+    # the real module paths programs/argcheck.py imports, as TEST DOUBLES (dspark_testdouble.parsers)
     shim = b'"""TEST DOUBLE (dspark-sim): see dspark_testdouble.parsers."""\nfrom dspark_testdouble.parsers import %s  # noqa: F401\n'
     for path, names in (("sglang/srt/server_args.py", b"ServerArgs, prepare_server_args"),
                         ("vllm/entrypoints/cli/serve.py", b"ServeSubcommand, cmd_init"),

@@ -1,6 +1,6 @@
 """The TEST DOUBLES' parsers (``python3 -m sglang.launch_server``, ``vllm serve MODEL``), derived from
 the REAL engines' option tables: ``options/<engine>-<version>.json`` next to this module in the
-image (copied from ``components/options``, which ``components/argcheck.py --dump-options`` wrote
+image (copied from ``declared/options``, which ``programs/argcheck.py --dump-options`` wrote
 from the PyPI packages; tests/conformance checks they still match the real parsers).
 
 So the doubles accept exactly the option strings the real parsers accept, with the real ones'
@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).parent
-# In the image the tables sit next to this module; in the repository they are components/options.
-OPTIONS_DIRS = (HERE / "options", HERE.parent.parent / "components" / "options")
+# In the image the tables sit next to this module; in the repository they are declared/options.
+OPTIONS_DIRS = (HERE / "options", HERE.parent.parent / "declared" / "options")
 # The releases the doubles stand in for (one image carries both engines).
 VERSIONS = {"sglang": os.environ.get("DSPARK_SIM_SGLANG_VERSION", "0.5.23"),
             "vllm": os.environ.get("DSPARK_SIM_VLLM_VERSION", "0.31.0")}

@@ -1,4 +1,4 @@
-"""TEST DOUBLES of the engines' parsing entry points that components/argcheck.py imports, installed in
+"""TEST DOUBLES of the engines' parsing entry points that programs/argcheck.py imports, installed in
 the sim's engine image under the real module paths (sim/images.py):
 
 - ``sglang.srt.server_args``: ``ServerArgs.add_cli_args`` and ``prepare_server_args`` over the real

@@ -1,4 +1,4 @@
-"""components/clients.py: client configs from the stack outputs, checked with the real clients.
+"""dspark/clients.py: client configs from the stack outputs, checked with the real clients.
 
 - the outputs are the ones the program exports (client_config, as a secret), read back the way
   `pulumi stack output --json --show-secrets` prints them;
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import clients
+from dspark import clients
 from components.cluster import client_config
 from harness import TEST_API_KEY, Secret, reveal, run_program
 
@@ -109,7 +109,7 @@ def run_cli(tmp_path: Path, outputs: dict, *args: str) -> subprocess.CompletedPr
     saved = tmp_path / "outputs.json"
     saved.write_text(json.dumps(outputs))
     return subprocess.run(
-        [sys.executable, "-m", "components.clients", "--outputs-file", str(saved), *args],
+        [sys.executable, "-m", "dspark.clients", "--outputs-file", str(saved), *args],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -228,7 +228,7 @@ def test_cli_reads_the_pulumi_cli_when_there_is_no_saved_file(tmp_path):
     env = clean_env(PATH=f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     out = tmp_path / "tp4.env"
     proc = subprocess.run(
-        [sys.executable, "-m", "components.clients", "--stack", "tp4", "--format", "openai-env", "--out", str(out)],
+        [sys.executable, "-m", "dspark.clients", "--stack", "tp4", "--format", "openai-env", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -240,7 +240,7 @@ def test_cli_reads_the_pulumi_cli_when_there_is_no_saved_file(tmp_path):
 def test_cli_without_pulumi_or_a_saved_file_says_what_to_do(tmp_path):
     env = clean_env(PATH=str(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-m", "components.clients", "--stack", "tp4", "--format", "curl"],
+        [sys.executable, "-m", "dspark.clients", "--stack", "tp4", "--format", "curl"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 1
@@ -342,7 +342,7 @@ def test_curl_example_runs_and_keeps_the_key_out_of_argv(tmp_path, stand_in):
 def test_prometheus_format_is_the_scrape_configs_block_and_needs_no_key(tmp_path):
     import yaml
 
-    from components.clients import ClientConfigError, main, render_prometheus
+    from dspark.clients import ClientConfigError, main, render_prometheus
 
     configs = [{"job_name": "tp4x2-router", "static_configs": [{"targets": ["10.0.0.1:29000"]}]}]
     outputs = {"prometheus": {"scrape_configs": configs}, "endpoint": "http://10.0.0.1:8889/v1"}
@@ -362,8 +362,8 @@ def test_prometheus_format_is_the_scrape_configs_block_and_needs_no_key(tmp_path
 def test_grafana_dashboard_reads_only_the_scraped_series_of_its_stack():
     import re
 
-    from components import monitoring
-    from components.clients import render_grafana
+    from planning import monitoring
+    from dspark.clients import render_grafana
     from harness import run_program
 
     for stack, engines in (("tp4x2", {"sglang"}), ("tp2", {"vllm"})):

@@ -1,5 +1,5 @@
 """Runs inside a conformance environment (a venv with the REAL engine packages, .ci/conformance-setup):
-components/argcheck.py's checks on many argvs in one process (importing an engine takes seconds).
+programs/argcheck.py's checks on many argvs in one process (importing an engine takes seconds).
 
     <venv>/bin/python tests/conformance/driver.py < request.json > reply.json
 
@@ -13,12 +13,11 @@ import contextlib
 import importlib.util
 import io
 import json
-import os
 import sys
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location(
-    "argcheck", Path(__file__).resolve().parents[2] / "components" / "argcheck.py")
+    "argcheck", Path(__file__).resolve().parents[2] / "programs" / "argcheck.py")
 argcheck = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(argcheck)
 argcheck.IMAGE_CHECKS = False

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,7 @@ def python_of(name: str) -> Path:
 
 def run_env(name: str, checks: list[tuple[str, list[str]]], dump: str | None = None,
             env_names: bool = False) -> dict:
-    """One process in environment `name`: components/argcheck.py's checks on `checks`, and the option
+    """One process in environment `name`: programs/argcheck.py's checks on `checks`, and the option
     table of `dump` and the packages' env names when asked (importing an engine takes seconds)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)

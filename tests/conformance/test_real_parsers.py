@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from components import config, flags, plan, stackplan
+from declared import config, flags
+from planning import plan, stackplan
 from conformance.realenv import run_env, site_packages
 from harness import cluster_of, with_known_hosts
 
@@ -122,13 +123,13 @@ def test_vllm_mp_backend_argv_is_accepted():
 
 @pytest.mark.parametrize("engine, version", sorted(TABLE_ENV))
 def test_committed_option_tables_match_the_real_parsers(engine, version):
-    """components/options (which the sim's engine double and the preview rule read) is the real parser."""
+    """declared/options (which the sim's engine double and the preview rule read) is the real parser."""
     real = reply(TABLE_ENV[engine, version])["dump"]
     committed = flags.load_options(engine, version)
     assert real["allow_abbrev"] is True
     assert real == committed, (
-        f"components/options/{engine}-{version}.json is stale: regenerate it with "
-        f"components/argcheck.py --dump-options {engine} in {TABLE_ENV[engine, version]}")
+        f"declared/options/{engine}-{version}.json is stale: regenerate it with "
+        f"programs/argcheck.py --dump-options {engine} in {TABLE_ENV[engine, version]}")
 
 
 def test_program_env_names_are_the_packages_own():

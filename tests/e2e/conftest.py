@@ -1,5 +1,5 @@
 """Shared fixtures of the e2e tier: the simulated cluster, the real Pulumi CLI on a project per test
-module, the nodes' docker events, the OpenAI client from `python -m components.clients`, timings."""
+module, the nodes' docker events, the OpenAI client from `python -m dspark.clients`, timings."""
 
 import os
 import secrets
@@ -117,11 +117,11 @@ def dspark(project: PulumiProject, *args: str) -> tuple[int, str]:
 
 
 def client_env(project: PulumiProject, tmp_path: Path) -> dict[str, str]:
-    """`python -m components.clients --stack X --format openai-env`: the env file a user's tools read,
+    """`python -m dspark.clients --stack X --format openai-env`: the env file a user's tools read,
     made from the real `pulumi stack output --json --show-secrets`."""
     out = tmp_path / f"{project.stack}.env"
     proc = subprocess.run(
-        [sys.executable, "-m", "components.clients", "--stack", project.stack, "--format", "openai-env",
+        [sys.executable, "-m", "dspark.clients", "--stack", project.stack, "--format", "openai-env",
          "--out", str(out)],
         cwd=project.work_dir, env=project.env, capture_output=True, text=True,
     )  # fmt: skip

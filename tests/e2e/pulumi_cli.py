@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PASSPHRASE = "e2e-only-passphrase"  # protects a throwaway test stack's secrets, nothing else
 # The pack as a binary analyzer: without pulumi-language-python the CLI cannot start `policy` itself.
 POLICY_PACK = "policy/analyzer"
-LINKED = ("__main__.py", "components", "dspark", "policy", "sim")  # the project's code, shared with the repo
+LINKED = ("__main__.py", "declared", "planning", "components", "programs", "dspark", "policy", "sim")  # the project's code, shared with the repo
 
 
 def engine_dir() -> Path | None:
@@ -130,7 +130,7 @@ class PulumiProject:
         self.cli("config", "set", "--path", f"deepseek-spark:{path}", "--", value).check()
 
     def outputs(self) -> dict:
-        """`pulumi stack output --json --show-secrets`: what `python -m components.clients` reads."""
+        """`pulumi stack output --json --show-secrets`: what `python -m dspark.clients` reads."""
         proc = subprocess.run([str(self.engine / "pulumi"), "stack", "output", "--json", "--show-secrets",
                                "--stack", self.stack], cwd=self.work_dir, env=self.env, capture_output=True,
                               text=True)  # fmt: skip

@@ -56,7 +56,7 @@ def test_demo_up_answer_noop_rerun_and_down(engine, tmp_path):
         assert "pulumi preview --diff --stack sim" in text and "+ 34 created" in text
         answer = text.split("one streamed answer:", 1)[1].splitlines()[1]
         assert "42" in answer, text[-2000:]
-        for cmd in ("python -m components.clients --stack sim", "python -m dspark status --stack sim",
+        for cmd in ("python -m dspark.clients --stack sim", "python -m dspark status --stack sim",
                     "python -m dspark logs --stack sim", "python -m dspark demo --down"):
             assert cmd in text, cmd
         assert (work / ".dspark-demo/passphrase").stat().st_mode & 0o077 == 0

@@ -1,7 +1,7 @@
 """The SGLang stack `sim` through the real Pulumi engine on a 3-node simulated cluster.
 
 One scenario, in order (each test builds on the cluster and stack the previous one left):
-preview -> up and answers through `python -m components.clients` -> no-op up -> serving change
+preview -> up and answers through `python -m dspark.clients` -> no-op up -> serving change
 (group down head first, before any new rank starts) -> an argv the image's parser refuses fails `up`
 at the check step, the running group untouched ->
 refresh after a rank stopped and one removed, then `up` restarts the whole group -> key rotation and

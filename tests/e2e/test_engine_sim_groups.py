@@ -1,7 +1,7 @@
 """The 2-group stack `sim-x2` through the real Pulumi engine: two SGLang test-double groups of 2 nodes
 each behind the REAL sglang-router (PyPI 0.3.2, in the engine image), on a 4-node simulated cluster.
 
-In order: preview -> up, answers through `python -m components.clients` (the router's endpoint, its
+In order: preview -> up, answers through `python -m dspark.clients` (the router's endpoint, its
 key check, both groups serving) -> no-op up -> a serving change rolled one group at a time while a
 client keeps sending requests (zero failures; orders from the nodes' docker event timestamps) ->
 the router moved to the docker engine where Pulumi runs (the groups stay up) -> destroy.
@@ -166,7 +166,7 @@ def test_up_answers_through_the_router_and_both_groups_serve(first, project):
 
 
 def test_every_prometheus_target_serves_the_series_the_dashboard_reads(first, project, tmp_path):
-    from components import monitoring
+    from planning import monitoring
 
     outputs = project.outputs()
     seen = []
@@ -182,7 +182,7 @@ def test_every_prometheus_target_serves_the_series_the_dashboard_reads(first, pr
                 seen.append(target)
     assert sorted(seen) == sorted(["172.30.99.11:29000", "172.30.99.11:8888", "172.30.99.13:8888"])
     out = tmp_path / "dashboard.json"
-    proc = subprocess.run([sys.executable, "-m", "components.clients", "--stack", STACK, "--format", "grafana",
+    proc = subprocess.run([sys.executable, "-m", "dspark.clients", "--stack", STACK, "--format", "grafana",
                            "--out", str(out)], cwd=project.work_dir, env=project.env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(out.read_text())["panels"]) == 6

@@ -1,6 +1,6 @@
 """The vLLM + Ray stack `sim-tp2` (tp2's layout) through the real Pulumi engine on 2 simulated nodes.
 
-preview -> up, Ray gate, answers through `python -m components.clients` -> no-op up -> a serving
+preview -> up, Ray gate, answers through `python -m dspark.clients` -> no-op up -> a serving
 change takes the group down (the Ray worker first: it depends on its head) before the new Ray head
 starts, then the worker joins it -> destroy keeps the checkpoint.
 """

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from components import probe
+from programs import probe
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
-from components import probe
+from programs import probe
 from dspark import nodes as dnodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ class FakeCluster:
 
 def cluster_for(cfg, stack: str, revision: str, log: str = "", gpu: str = "40960\n") -> FakeCluster:
     """Every rank running with `revision`, every shard present, every volume healthy."""
-    from components import plan
+    from planning import plan
 
     fake = {}
     for rank, n in enumerate(cfg.nodes):

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 import harness
-from components import commands, plan
-from components.config import parse_cluster
+from planning import commands, plan
+from declared.config import parse_cluster
 from dspark import nodes as dnodes
 from dspark.__main__ import main
-from components import probe
+from programs import probe
 from dspark.cmd_status import boot_phase
 from ops_fakes import KEY, REAL_ON_NODE, ROOT, FakeEndpoint, cluster_for, outputs, state
 

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import harness
-from components import commands
-from components.config import parse_cluster
+from planning import commands
+from declared.config import parse_cluster
 from dspark import nodes as dnodes
 from dspark.cmd_doctor import _stat_result
 

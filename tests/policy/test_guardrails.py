@@ -9,6 +9,7 @@ import pytest
 from policy_helpers import STACKS, as_args, as_stack_resource, changed, custom, facts_for, stack_config
 
 import guardrails
+import shellscan
 import policies
 from harness import TEST_API_KEY, TEST_SSH_KEY, Registered, cluster_of
 
@@ -315,7 +316,7 @@ def test_facts_read_the_config_the_cli_passes_to_a_policy_pack():
 
 
 def test_shell_reader_follows_pipelines_wrappers_and_variables():
-    walked = guardrails.walk_script(
+    walked = shellscan.walk_script(
         "set -eu\nd=/srv/a; f=\"$d/b\"\nprintf '%s\\n' 'x y' | sudo -n tee /etc/exports.d/t.exports >/dev/null\n"
         "if [ -f \"$f\" ]; then sudo -n rm -f \"$f\"; fi\ncommand -v exportfs >/dev/null 2>&1\n"
     )
@@ -324,9 +325,9 @@ def test_shell_reader_follows_pipelines_wrappers_and_variables():
     tee, _ = by_word["tee"]
     assert tee.stdin_from.argv[0] == "printf" and tee.writes == ["/dev/null"]
     rm, env = by_word["rm"]
-    assert guardrails.deleted_paths(rm) == ["$f"] and env["f"] == "/srv/a/b"
+    assert shellscan.deleted_paths(rm) == ["$f"] and env["f"] == "/srv/a/b"
     assert by_word["command"][0].argv == ["command", "-v", "exportfs"]
-    assert guardrails.walk_script("echo 'unbalanced") is None
+    assert shellscan.walk_script("echo 'unbalanced") is None
 
 
 def test_the_checkpoint_download_may_write_but_nothing_else_may(recordings):
@@ -357,7 +358,7 @@ def test_the_pack_refuses_exports_with_the_programs_own_shapes(recordings, edit,
 
 
 def test_the_pack_and_the_program_judge_the_api_key_alike(recordings):
-    from components import shapes
+    from declared import shapes
 
     weak = dict(stack_config("tp4"), **{"deepseek-spark:apiKey": "-starts-with-a-dash-0123"})
     facts = guardrails.StackFacts.from_config(weak)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from components import plan
+from planning import plan
 from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, plain_strings, reveal, run_program
 
 CONTAINER = "docker:index/container:Container"
@@ -231,7 +231,7 @@ def test_readiness_waits_for_all_ranks_and_gets_key_by_env(rec):
     # Probes again whenever any rank is (re)created: its triggers are the rank containers' IDs.
     assert check.inputs["triggers"] == [f"{r.name}-id" for r, _ in ranks(rec)]
     assert set(check.property_dependencies["triggers"]) == {r.urn for r, _ in ranks(rec)}
-    assert "components.probe" in check.inputs["create"]
+    assert "programs.probe" in check.inputs["create"]
     for rank, (res, labels) in enumerate(ranks(rec)):  # it watches every rank on its node
         assert f"--rank {rank}={res.inputs['name']}@" in check.inputs["create"]
 

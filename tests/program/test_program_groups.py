@@ -88,7 +88,7 @@ def test_membership_leaves_the_rotation_before_its_group_stops(rec, stack):
         assert router.urn in member.property_dependencies["triggers"]
         assert member.delete_before_replace
         worker = next(g for g in rec.outputs["groups"] if g["name"] == group)["endpoint"].removesuffix("/v1")
-        assert member.inputs["create"].startswith("python3 -m components.membership add")
+        assert member.inputs["create"].startswith("python3 -m programs.membership add")
         assert f"--worker {worker}" in member.inputs["create"] and f"--worker {worker}" in member.inputs["delete"]
         assert "--drain-timeout" in member.inputs["delete"] and "--engine sglang" in member.inputs["delete"]
         assert reveal(member.inputs["environment"])["DSPARK_API_KEY"] == TEST_API_KEY

@@ -2,7 +2,7 @@
 
 import pytest
 
-from components import plan
+from planning import plan
 from harness import TEST_API_KEY, Secret, cluster_of, plain_strings, reveal, run_program
 
 CONTAINER = "docker:index/container:Container"

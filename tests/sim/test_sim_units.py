@@ -207,7 +207,7 @@ def test_flags_rejected_with_exit_2(argv, capsys):
 
 
 def test_double_reads_the_real_option_tables():
-    from components import flags as program_flags
+    from declared import flags as program_flags
 
     for engine in ("sglang", "vllm"):
         table = flags.load_table(engine)

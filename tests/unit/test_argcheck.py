@@ -1,4 +1,4 @@
-"""components/argcheck.py (the image's own parser check) and the command that runs it on a node.
+"""programs/argcheck.py (the image's own parser check) and the command that runs it on a node.
 
 The real engines' parsers are exercised by tests/conformance; here the parse entry points are the
 sim's test doubles (built from the real option tables), so what is tested is argcheck's own logic:
@@ -12,7 +12,9 @@ import types
 
 import pytest
 
-from components import argcheck, commands, config, plan
+from declared import config
+from planning import commands, plan
+from programs import argcheck
 from harness import cluster_of, with_known_hosts
 from sim.testdouble import parsers
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from components import commands, plan
-from components.config import parse_cluster
+from planning import commands, plan
+from declared.config import parse_cluster
 from harness import cluster_of
 
 STUBS = {
@@ -219,7 +219,7 @@ def test_sudo_only_for_non_root():
 
 def test_readiness_takes_the_key_from_the_environment():
     cmd = commands.readiness(parse_cluster(cluster_of("tp4")), "tp4")
-    assert cmd.startswith("python3 -m components.probe --url http://10.0.0.1:8888/v1")
+    assert cmd.startswith("python3 -m programs.probe --url http://10.0.0.1:8888/v1")
     assert f"--key-env {commands.READINESS_KEY_ENV}" in cmd and "--timeout 1800" in cmd
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from components.config import ConfigError, parse_cluster
+from declared.config import ConfigError, parse_cluster
 from harness import cluster_of
 
 

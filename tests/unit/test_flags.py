@@ -1,11 +1,10 @@
-"""components.flags: which serving.extraArgs element would set a flag the program manages.
+"""declared.flags: which serving.extraArgs element would set a flag the program manages.
 
 Behaviour cases, the program's own command lines, the stack files, and properties checked against
-argparse parsers built from the REAL engines' option tables (components/options, dumped from the
+argparse parsers built from the REAL engines' option tables (declared/options, dumped from the
 PyPI packages; tests/conformance checks they still match).
 """
 
-import argparse
 import contextlib
 import io
 from pathlib import Path
@@ -13,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import flags, plan
-from components.config import parse_cluster
+from declared import flags
+from planning import plan
+from declared.config import parse_cluster
 from harness import cluster_of
 from sim.testdouble import flags as double
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from components import config, hostkeys, plan, rules
-from components.config import ConfigError, parse_cluster
+from declared import config, hostkeys
+from planning import plan, rules
+from declared.config import ConfigError, parse_cluster
 from harness import ROOT, cluster_of, fake_host_key, run_program
 
 
@@ -50,7 +51,7 @@ def test_export_options_cannot_write_another_export_entry(opts):
 def test_export_and_mount_options_are_a_list_of_single_options():
     cfg = parse_cluster(cluster_of("tp4"))
     assert cfg.share.export_options == ["ro", "sync", "no_subtree_check", "no_root_squash", "insecure"]
-    from components import commands
+    from planning import commands
 
     assert commands.export_line(cfg).endswith("(ro,sync,no_subtree_check,no_root_squash,insecure)")
     assert plan.volume_options(cfg, 1)["o"].startswith("addr=10.0.0.1,nfsvers=4.2,ro,")

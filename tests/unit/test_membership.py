@@ -1,4 +1,4 @@
-"""components/membership.py against a loopback stand-in of the router's worker API (GET/POST
+"""programs/membership.py against a loopback stand-in of the router's worker API (GET/POST
 /workers, DELETE /workers/<id>, as sglang-router 0.3.2 answers them) and of rank 0's /metrics.
 The real router runs in the e2e tier (tests/e2e/test_engine_sim_groups.py)."""
 
@@ -8,7 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components import membership, routing
+from planning import routing
+from programs import membership
 
 KEY = "sk-test-membership-0123456789"
 
@@ -191,7 +192,7 @@ def test_the_key_comes_from_the_environment_only(monkeypatch, capsys):
 def test_member_commands_quote_and_carry_no_key():
     add = routing.member_add("http://h:8889", "http://w:8888", 120)
     remove = routing.member_remove("http://h:8889", "http://w:8888", "vllm", 30)
-    assert add == ("python3 -m components.membership add --router http://h:8889 --worker http://w:8888 "
+    assert add == ("python3 -m programs.membership add --router http://h:8889 --worker http://w:8888 "
                    "--key-env DSPARK_API_KEY --timeout 120")  # fmt: skip
     assert remove.endswith("--engine vllm --drain-timeout 30")
     assert "$(cat" not in add + remove and routing.member_add("http://h;x", "w", 1).count("'http://h;x'") == 1

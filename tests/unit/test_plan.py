@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from components import plan
-from components.config import parse_cluster
+from planning import plan
+from declared.config import parse_cluster
 from harness import cluster_of
 
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components import probe
+from programs import probe
 from harness import ROOT
 
 KEY = "sk-probe-test"
@@ -97,7 +97,7 @@ def test_unreachable_endpoint_fails_after_timeout():
 
 def test_cli_reads_key_from_env_only(server):
     server.health_codes = [200]
-    args = [sys.executable, "-m", "components.probe", "--url", server.url, "--model", "m", "--timeout", "5",
+    args = [sys.executable, "-m", "programs.probe", "--url", server.url, "--model", "m", "--timeout", "5",
             "--interval", "0.01"]  # fmt: skip
     ok = subprocess.run(args, cwd=ROOT, env={"DSPARK_API_KEY": KEY}, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -2,8 +2,8 @@
 
 import pytest
 
-from components import rules
-from components.config import parse_cluster
+from planning import rules
+from declared.config import parse_cluster
 from harness import cluster_of
 
 

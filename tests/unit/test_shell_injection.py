@@ -47,8 +47,9 @@ import pytest
 from pydantic import BaseModel
 
 import harness
-from components import clients, commands, rules
-from components.config import ClusterConfig, ConfigError, parse_cluster
+from dspark import clients
+from planning import commands, rules
+from declared.config import ClusterConfig, ConfigError, parse_cluster
 
 STACKS = ("tp4", "tp2", "sim", "sim-tp2", "tp3")
 TIMEOUT = 10  # seconds per script run: a hanging script fails the test instead of hanging it

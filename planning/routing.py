@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 
 from . import commands, plan
-from .config import RouterConfig
+from declared.config import RouterConfig
 
 q = shlex.quote
 
@@ -78,7 +78,7 @@ def router_spec(r: RouterConfig, stack: str, image: str, key_file: str, workers:
 def member_add(router: str, worker: str, timeout: int) -> str:
     """Local command: put `worker` into the router's rotation and wait until the router calls it healthy."""
     return " ".join([
-        "python3 -m components.membership add",
+        "python3 -m programs.membership add",
         f"--router {q(router)}", f"--worker {q(worker)}", f"--key-env {commands.READINESS_KEY_ENV}", f"--timeout {int(timeout)}",
     ])  # fmt: skip
 
@@ -87,7 +87,7 @@ def member_remove(router: str, worker: str, engine: str, drain_timeout: int) -> 
     """Local command: take `worker` out of rotation, then wait (at most `drain_timeout` s) until the
     requests it still serves have finished."""
     return " ".join([
-        "python3 -m components.membership remove",
+        "python3 -m programs.membership remove",
         f"--router {q(router)}", f"--worker {q(worker)}", f"--key-env {commands.READINESS_KEY_ENV}",
         f"--engine {q(engine)}", f"--drain-timeout {int(drain_timeout)}",
     ])  # fmt: skip

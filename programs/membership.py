@@ -1,5 +1,5 @@
 """A group's place in the router's rotation, run by the group's RouterMember where Pulumi runs
-(stdlib only, like components/probe.py). The API key comes from an environment variable and is
+(stdlib only, like programs/probe.py). The API key comes from an environment variable and is
 never printed.
 
     add:    put the group's rank 0 into the router's workers (POST /workers, unless it is there) and
@@ -10,7 +10,7 @@ never printed.
             --drain-timeout seconds, so its ranks stop only after the answers they owe went out.
             Never fails: a router that is already gone has nothing to remove, and a destroy must go on.
 
-    DSPARK_API_KEY=... python3 -m components.membership add --router http://10.0.0.1:8889 \\
+    DSPARK_API_KEY=... python3 -m programs.membership add --router http://10.0.0.1:8889 \\
         --worker http://10.0.0.1:8888 --key-env DSPARK_API_KEY --timeout 300
 """
 

@@ -1,5 +1,5 @@
 """What Prometheus scrapes on a stack, from its plan (pure): exported as the `prometheus` output and
-rendered by `python -m components.clients --format prometheus` as a `scrape_configs:` block; and a
+rendered by `python -m dspark.clients --format prometheus` as a `scrape_configs:` block; and a
 Grafana dashboard over those series (`--format grafana`).
 
 - the router's own exporter (`--prometheus-port`, no key): requests, latencies, per-group health
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .membership import GAUGES
+from programs.membership import GAUGES
 from .stackplan import ClusterPlan, StackPlan
 
 # The series the dashboard (monitoring/grafana-dashboard.json) reads, by exporter.

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Optional
 
 from . import commands, plan, routing
-from .config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
+from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
-ARGCHECK_PROGRAM = (Path(__file__).parent / "argcheck.py").read_text()
+ARGCHECK_PROGRAM = (Path(__file__).parent.parent / "programs" / "argcheck.py").read_text()
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class GroupPlan:
     key_file_path: str
     generation_record: str
     # per rank: the image's own parsers on that rank's argv before the group starts (commands.argcheck,
-    # with components/argcheck.py on stdin)
+    # with programs/argcheck.py on stdin)
     argchecks: tuple[str, ...] = ()
     argcheck_program: str = ""
 

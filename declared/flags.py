@@ -29,7 +29,7 @@ options in sim/testdouble/flags.py or the stack files is; tests/unit/test_flags.
 Values (elements not starting with `-`) are never looked at; a value that itself starts with `-`
 and prefixes a managed option (e.g. `-t`) is refused too.
 
-Pure data + one function, stdlib only: `components/rules.py` (rule `extra-args-not-managed`)
+Pure data + one function, stdlib only: `planning/rules.py` (rule `extra-args-not-managed`)
 is the consumer.
 """
 
@@ -203,7 +203,7 @@ def managed_flag(arg: str, engine: str) -> str | None:
 
 
 # ------------------------------------------------------------------ engine versions and their options ----
-# The option tables of the real engines, dumped from the PyPI packages by `components/argcheck.py
+# The option tables of the real engines, dumped from the PyPI packages by `programs/argcheck.py
 # --dump-options` (tests/conformance checks they still match). The simulator's engine double builds its
 # parser from the same files, so the sim refuses what the real parser refuses.
 OPTIONS_DIR = Path(__file__).parent / "options"

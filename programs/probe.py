@@ -8,7 +8,7 @@ While it waits, it also watches every rank's container on its node (`--rank`, ov
 with the docker provider's options, `--ssh-opt`): a rank that exited fails `up` at once, naming the
 rank, its exit code and the tail of its log (the key redacted), instead of after the timeout.
 
-    DSPARK_API_KEY=... python3 -m components.probe --url http://10.0.0.1:8888/v1 --model m \
+    DSPARK_API_KEY=... python3 -m programs.probe --url http://10.0.0.1:8888/v1 --model m \
         --rank 1=tp2-rank1@root@10.0.0.2:22 --ssh-opt=-oBatchMode=yes
 """
 

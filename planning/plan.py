@@ -15,7 +15,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .config import ClusterConfig, NodeConfig
+from declared.config import ClusterConfig, NodeConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # relative imageBuild.context paths start here
 GIB = 1024**3
@@ -652,7 +652,7 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
 
 def rank_checks(cfg: ClusterConfig, spec: RankSpec) -> list[tuple[str, list[str]]]:
     """What the image's own parsers check for one rank before the group starts: (engine, argv) pairs,
-    the exact argv the rank's entrypoint hands to each program (components/argcheck.py), less the
+    the exact argv the rank's entrypoint hands to each program (programs/argcheck.py), less the
     head's `--api-key <key>` that its wrapper appends from the key file (no key on a command line)."""
     if cfg.engine == "sglang":
         return [("sglang", spec.args)]

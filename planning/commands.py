@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from . import plan
-from .config import ClusterConfig
+from declared.config import ClusterConfig
 
 q = shlex.quote
 
@@ -268,7 +268,7 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
     ] if url is None else []  # fmt: skip
     return " ".join(
         [
-            "python3 -m components.probe",
+            "python3 -m programs.probe",
             f"--url {q(url or plan.endpoint(cfg))}",
             f"--model {q(cfg.model.served_name)}",
             f"--timeout {r.timeout_seconds}",
@@ -283,7 +283,7 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
 
 
 def argcheck(spec: plan.RankSpec, checks: list[tuple[str, list[str]]], volume: str) -> str:
-    """Run the image's own argument parsing for one rank (components/argcheck.py, on stdin) in a
+    """Run the image's own argument parsing for one rank (programs/argcheck.py, on stdin) in a
     throwaway container: no network, no GPU, the rank's env and its checkpoint volume read-only (the
     DSPARK draft weights are looked up there). Exits non-zero, naming node, rank, flag and the
     engine's own message, when the image refuses what the rank would run."""

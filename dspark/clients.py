@@ -1,10 +1,10 @@
 """Client configs from a stack's outputs: an OpenAI SDK env file, a LiteLLM proxy config, a curl example.
 
-    python -m components.clients --stack tp4 --format openai-env --out tp4.env
-    python -m components.clients --outputs-file saved.json --format litellm --out litellm.yaml
-    python -m components.clients --stack tp4 --format curl
-    python -m components.clients --stack tp4x2 --format prometheus --out scrape.yml   # no key in it
-    python -m components.clients --stack tp4x2 --format grafana --out dashboard.json  # import in Grafana
+    python -m dspark.clients --stack tp4 --format openai-env --out tp4.env
+    python -m dspark.clients --outputs-file saved.json --format litellm --out litellm.yaml
+    python -m dspark.clients --stack tp4 --format curl
+    python -m dspark.clients --stack tp4x2 --format prometheus --out scrape.yml   # no key in it
+    python -m dspark.clients --stack tp4x2 --format grafana --out dashboard.json  # import in Grafana
 
 Outputs come from `pulumi stack output --json --show-secrets --stack X` (when the CLI is on PATH)
 or from a file saved with that command. Rendering is pure (`render`); files are written 0600 from
@@ -23,9 +23,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
+
+from planning.clientconfig import Client, litellm_config
 
 FORMATS = ("openai-env", "litellm", "curl", "prometheus", "grafana")
 SECRET_PLACEHOLDER = "[secret]"  # what `pulumi stack output --json` prints without --show-secrets
@@ -34,18 +35,6 @@ PROMPT = "What is 19 + 23?"
 
 class ClientConfigError(Exception):
     """The outputs cannot produce a working client config; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Client:
-    base_url: str  # ends in /v1
-    api_key: str
-    model: str
-    stack: str = ""
-
-    @property
-    def chat_completions_url(self) -> str:
-        return self.base_url.rstrip("/") + "/chat/completions"
 
 
 # ------------------------------------------------------------------------------------------ outputs
@@ -136,23 +125,6 @@ def render_openai_env(c: Client) -> str:
     )
 
 
-def litellm_config(c: Client, key_env: Optional[str] = None) -> dict:
-    """LiteLLM proxy config: one model_list entry routed to the endpoint as an OpenAI-compatible API.
-    `key_env`: reference the key as `os.environ/NAME` instead of writing it into the file."""
-    return {
-        "model_list": [
-            {
-                "model_name": c.model,
-                "litellm_params": {
-                    "model": f"openai/{c.model}",
-                    "api_base": c.base_url,
-                    "api_key": f"os.environ/{key_env}" if key_env else c.api_key,
-                },
-            }
-        ]
-    }
-
-
 def _yaml_scalar(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid YAML double-quoted scalar
 
@@ -227,7 +199,7 @@ def render_prometheus(outputs: Mapping[str, Any], stack: str = "") -> str:
 
 def render_grafana(outputs: Mapping[str, Any], stack: str) -> str:
     """A Grafana dashboard over what `--format prometheus` scrapes (its queries select stack=<stack>)."""
-    from components import monitoring
+    from planning import monitoring
 
     configs = _scrape_configs(outputs)
     labels = [sc.get("labels", {}).get("stack") for c in configs for sc in c.get("static_configs", [])]
@@ -264,7 +236,7 @@ def write_private(path: str | os.PathLike, text: str, mode: int = 0o600) -> Path
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m components.clients",
+        prog="python -m dspark.clients",
         description="Write a client config for a deepseek-spark stack from its outputs.",
     )
     parser.add_argument("--stack", help="stack to read with `pulumi stack output` (tp3, tp4, ...)")

@@ -13,9 +13,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from . import flags, plan
-from .shapes import read_only_problem
-from .config import LOCAL, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
+from . import plan
+from declared import flags
+from declared.shapes import read_only_problem
+from declared.config import LOCAL, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,7 @@ def _engine_version(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     """Every option on every rank's command line must exist in the declared engine release: releases
     rename and remove flags (SGLang 0.5.20 dropped --cuda-graph-max-bs), and a rank given an unknown or
     ambiguous flag exits at boot. Checked against the real parser's option table where one was dumped
-    (components/options), and against flags.HISTORY for any release."""
+    (declared/options), and against flags.HISTORY for any release."""
     engine, version = cfg.engine, cfg.engine_version
     minimum = flags.MIN_VERSION[engine]
     if flags.version_key(version) < flags.version_key(minimum):
