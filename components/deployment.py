@@ -51,6 +51,8 @@ def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token:
         outputs["nodes"] = [{**n, "group": sp.group_name} for sp, c in zip(cp.groups, clusters) for n in c.node_outputs]
         outputs["memory_plan"] = {sp.group_name: c.memory_plan for sp, c in zip(cp.groups, clusters)}
     outputs["groups"] = [group_output(sp) for sp in cp.groups]
+    # per group: what rank 0 reported it obtained at its last boot, next to what the plan expected
+    outputs["boot"] = {sp.group_name: c.readiness.boot for sp, c in zip(cp.groups, clusters)}
     outputs["prometheus"] = {"scrape_configs": monitoring.scrape_configs(cp)}
 
     if router is None:

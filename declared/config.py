@@ -172,6 +172,10 @@ class ReadinessConfig(_Strict):
     interval_seconds: int = Field(default=10, ge=1, le=3600)
     prompt: Printable = Field(default="What is 19 + 23?", min_length=1, max_length=2000)
     expect: Printable = Field(default="42", min_length=1, max_length=200, description="text the answer must contain")
+    # What rank 0 reports it obtained (its boot log) against the plan: below this share of the KV pool
+    # the plan expects, `up` fails (kvShortfall: fail) or warns (warn). 0 turns the check off.
+    min_kv_share: float = Field(default=0.9, ge=0, le=1)
+    kv_shortfall: Literal["fail", "warn"] = "fail"
 
 
 class MemoryConfig(_Strict):

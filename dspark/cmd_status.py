@@ -26,6 +26,8 @@ JSON shape (`--json`; with `--watch`, one such object per line and round):
       ],
       "health": {"url": "http://10.0.0.1:8888/health", "status": 200 | null, "error": null | "..."},
       "boot_phase": null | {"phase": "loading weights", "line": "..." | null},   # rank 0, when not healthy
+      "boot": null | {"kvTokens": 750000 | null, "expectedKvTokens": 750000, "speculative": "DSPARK" | "off" | null,
+                      "contextLength": 262144 | null, "shortfall": null | "...", ...},  # the `boot` output
       "verdict": "healthy" | "degraded" | "down", "exit_code": 0 | 1 | 2,
       "problems": ["..."], "fixes": ["..."], "notes": ["..."]
     }
@@ -138,6 +140,8 @@ def collect(stack: Stack, nodes: Nodes, http_status: Optional[Callable] = None, 
         "ranks": [r.to_json() for r in ranks],
         "health": {"url": url, "status": status, "error": error},
         "boot_phase": None,
+        # what rank 0 reported it obtained at the last `up` (the `boot` output), None before one
+        "boot": ((outputs or {}).get("boot") or {}).get(stack.group or stack.short),
     }
     head = ranks[0]
     if status != 200 and head.log_lines:
@@ -213,6 +217,23 @@ def verdict_of(stack: Stack, ranks: list[RankStatus], status: Optional[int], err
     return {"verdict": verdict, "exit_code": code, "problems": problems, "fixes": list(dict.fromkeys(fixes))}
 
 
+def boot_text(boot: dict) -> str:
+    """`KV pool 750,000 tokens (plan 750,000, 100%), speculative DSPARK, context 262,144`; `?` where unknown."""
+    def num(v):
+        return f"{v:,}" if isinstance(v, int) else "?"
+
+    got, want = boot.get("kvTokens"), boot.get("expectedKvTokens")
+    share = f", {got / want:.0%}" if isinstance(got, int) and want else ""
+    parts = [f"KV pool {num(got)} tokens (plan {num(want)}{share})"]
+    if "speculative" in boot:
+        parts.append(f"speculative {boot.get('speculative') or '?'}")
+    parts.append(f"context {num(boot.get('contextLength'))}")
+    if boot.get("maxConcurrency") is not None:
+        parts.append(f"max concurrency {boot['maxConcurrency']:.2f}x")
+    text = ", ".join(parts)
+    return text + (f"  SHORT: {boot['shortfall']}" if boot.get("shortfall") else "")
+
+
 def render_text(doc: dict) -> str:
     rev = doc["revision"]
     lines = [
@@ -238,6 +259,8 @@ def render_text(doc: dict) -> str:
                         "LAST ERROR LINE"], rows))  # fmt: skip
     h = doc["health"]
     lines.append(f"\nhealth {h['url']} -> {h['status'] if h['status'] is not None else 'no answer: ' + cell(h['error'])}")
+    if doc.get("boot"):
+        lines.append("boot (rank 0, last up): " + boot_text(doc["boot"]))
     if doc["boot_phase"]:
         bp = doc["boot_phase"]
         lines.append(f"boot phase (rank 0): {bp['phase']}" + (f'  "{bp["line"]}"' if bp["line"] else ""))

@@ -276,6 +276,9 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
             f"--prompt {q(r.prompt)}",
             f"--expect {q(r.expect)}",
             f"--key-env {READINESS_KEY_ENV}",
+            # what rank 0 must report it obtained (its boot log), against the plan
+            *([f"--engine {cfg.engine}", f"--expect-kv-tokens {plan.expected_kv_tokens(cfg)}",
+               f"--min-kv-share {r.min_kv_share:g}", f"--kv-shortfall {r.kv_shortfall}"] if ranks else []),
             *ranks,
             *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks else [])),
         ]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from declared.config import ClusterConfig, NodeConfig
+from programs import probe
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # relative imageBuild.context paths start here
 GIB = 1024**3
@@ -250,6 +251,23 @@ def vllm_memory_plan(cfg: ClusterConfig, weights: str = "low") -> MemoryPlan:
         for role in roles
     )  # fmt: skip
     return MemoryPlan(cfg.model.profile, cfg.memory.unified_gib, s.gpu_memory_utilization, ranks, known)
+
+
+def boot_from_probe(stdout: str | None) -> dict | None:
+    """What rank 0 obtained at boot, from the readiness probe's output (its `deepseek-spark boot:`
+    line, programs/probe.py); None when the probe printed none (a router probe, an older probe)."""
+    lines = [line for line in (stdout or "").splitlines() if line.startswith(probe.BOOT_PREFIX)]
+    return json.loads(lines[-1][len(probe.BOOT_PREFIX):]) if lines else None
+
+
+def expected_kv_tokens(cfg: ClusterConfig) -> int:
+    """The KV pool rank 0 should report obtaining: SGLang, the pin (maxTotalTokens), but no more than
+    the low end of what the profile says this TP layout obtains (SGLang clamps a larger pin); vLLM,
+    one request of maxModelLen (the plan sizes its KV for that; vLLM gives the rest of its share too)."""
+    if cfg.engine == "vllm":
+        return cfg.serving.max_model_len
+    published = PROFILES[cfg.model.profile].published_kv_pool_by_tp.get(cfg.serving.tp_size)
+    return min(cfg.serving.max_total_tokens, published[0]) if published else cfg.serving.max_total_tokens
 
 
 def max_tokens_that_fit(cfg: ClusterConfig) -> int:

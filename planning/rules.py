@@ -488,7 +488,8 @@ def _kv_clamp(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
         return []
     return [Finding("kv-pin-clamp-warning", "serving.maxTotalTokens", cfg.serving.max_total_tokens,
                     f"at TP={cfg.serving.tp_size} the pool actually obtained was {published[0]:,}-{published[1]:,} tokens; "
-                    "SGLang silently clamps a larger pin", "check full_token= in rank 0's boot log after up",
+                    "SGLang silently clamps a larger pin", "after up, the `boot` output shows the pool rank 0 obtained "
+                    "(the readiness check expects at least minKvShare of the clamped figure)",
                     level="warning")]  # fmt: skip
 
 

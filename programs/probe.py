@@ -25,6 +25,8 @@ import time
 import urllib.error
 import urllib.request
 
+from programs import bootlog
+
 
 def health_url(base_url: str) -> str:
     root = base_url.rstrip("/")
@@ -150,6 +152,32 @@ def exited_rank(ranks: list[str], ssh_opts: list[str], key: str, run=on_node) ->
     return None
 
 
+BOOT_PREFIX = "deepseek-spark boot: "  # the probe's last line once ready: what rank 0 obtained, as JSON
+BOOT_GREP = r"max_total_num_tokens=|Initialized DSpark draft runner|KV cache size: |Available KV cache memory: "
+
+
+def rank0_boot(ranks: list[str], ssh_opts: list[str], engine: str, run=on_node) -> dict:
+    """The figures rank 0 logged at boot (bootlog.parse), None where the log has no such line."""
+    head = next((r for r in ranks if r.startswith("0=")), None)
+    text = ""
+    if head is not None:
+        _, container, target, port = parse_rank(head)
+        code, out = run(target, port, ssh_opts,
+                        f"docker logs {shlex.quote(container)} 2>&1 | grep -E {shlex.quote(BOOT_GREP)} | tail -n 50")
+        text = out if code == 0 else ""
+    return bootlog.parse(engine, text)
+
+
+def check_boot(boot: dict, expected: int, min_share: float, mode: str, log=print) -> bool:
+    """Print what rank 0 obtained (the last line, JSON: the `boot` stack output reads it); False when
+    the pool is below the plan's share and mode is `fail`."""
+    why = bootlog.verdict(boot, expected, min_share)
+    log(BOOT_PREFIX + json.dumps({**boot, "expectedKvTokens": expected, "shortfall": why}, sort_keys=True))
+    if why:
+        log(f"readiness: {'FAILED' if mode == 'fail' else 'WARNING'}: {why}")
+    return not (why and mode == "fail")
+
+
 def wait_ready(
     base_url: str,
     key: str,
@@ -216,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key-env", default="DSPARK_API_KEY", help="environment variable holding the API key")
     p.add_argument("--rank", action="append", default=[], help="<rank>=<container>@<user>@<host>:<port> to watch")
     p.add_argument("--ssh-opt", action="append", default=[], help="one system ssh option (as the docker provider's)")
+    p.add_argument("--engine", choices=["sglang", "vllm"], help="read what rank 0 obtained from its boot log")
+    p.add_argument("--expect-kv-tokens", type=int, default=0, help="the KV pool the plan expects rank 0 to obtain")
+    p.add_argument("--min-kv-share", type=float, default=0.9, help="below this share of it: --kv-shortfall")
+    p.add_argument("--kv-shortfall", choices=["fail", "warn"], default="fail")
     a = p.parse_args(argv)
     key = os.environ.get(a.key_env, "")
     if not key:
@@ -227,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         ranks_down=lambda: exited_rank(a.rank, a.ssh_opt, key),
         phase=lambda: rank0_phase(a.rank, a.ssh_opt),
     )  # fmt: skip
+    if ok and a.engine and a.rank:
+        ok = check_boot(rank0_boot(a.rank, a.ssh_opt, a.engine), a.expect_kv_tokens, a.min_kv_share, a.kv_shortfall,
+                        log=lambda m: print(m, flush=True))  # fmt: skip
     return 0 if ok else 1
 
 

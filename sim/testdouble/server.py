@@ -167,6 +167,27 @@ class Group:
         threading.Thread(target=reader, daemon=True).start()
 
 
+def kv_share() -> float:
+    """The double's memory model: it obtains this share of the KV pool it was pinned to (1.0; lower it
+    with DSPARK_SIM_KV_SHARE to model memory held on the node, e.g. page cache or another process)."""
+    return float(os.environ.get("DSPARK_SIM_KV_SHARE", "1") or 1)
+
+
+def boot_report(args) -> list[str]:
+    """What real SGLang logs once its pools exist (scheduler.py on tp rank 0; dspark_worker_v2.py when
+    DSPARK is on), with the double's figures."""
+    pool = int(int(args.max_total_tokens or 0) * kv_share())
+    # resolved values, as the real scheduler prints them (the doubles' defaults where a flag is absent)
+    lines = [f"max_total_num_tokens={pool}, chunked_prefill_size={int(args.chunked_prefill_size or 8192)}, "
+             f"max_prefill_tokens=16384, max_running_requests={int(args.max_running_requests or 48)}, "
+             f"context_len={int(args.context_length or 131072)}, available_gpu_mem=3.20 GB"]
+    if str(args.speculative_algorithm or "").upper() == "DSPARK":
+        lines.insert(0, f"Initialized DSpark draft runner. attention_backend=dsv4, model={args.model_path}, "
+                        f"gamma={args.speculative_dspark_block_size}, verify_num_draft_tokens="
+                        f"{int(args.speculative_dspark_block_size or 0) + 1}")
+    return lines
+
+
 def make_handler(args, group: Group, engine: str):
     full_api = args.node_rank == 0
 
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
             group.formed.wait()
             # The real engine's boot phases (its log lines), so status and readiness have them to read.
             for line in ("Load weight begin.", "Load weight end.", "Capture cuda graph begin.",
-                         "Capture cuda graph end.", "The server is fired up and ready to roll!"):
+                         "Capture cuda graph end.", *boot_report(args), "The server is fired up and ready to roll!"):
                 group.log(line)
             group.log(f"ready: serving API for model {args.served_model_name or args.model_path}")
         threading.Thread(target=announce, daemon=True).start()

@@ -191,6 +191,13 @@ def serve(args) -> int:
     if backend == "mp" and nnodes > 1:
         join_mp(args, nnodes, node_rank)
     log(f"executor {backend} ready: {tp} rank(s)")
+    # what real vLLM logs once it sized its KV cache (gpu_worker.py, kv_cache_utils.py), with the
+    # double's memory model: room for max-num-seqs requests of max-model-len, times DSPARK_SIM_KV_SHARE
+    share = float(os.environ.get("DSPARK_SIM_KV_SHARE", "1") or 1)
+    tokens = int(args.max_model_len * max(1, args.max_num_seqs or 1) * share)
+    log(f"Available KV cache memory: {tokens * 1024 / 2**30:.2f} GiB")
+    log(f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for {args.max_model_len:,} tokens per request: "
+        f"{tokens / args.max_model_len:.2f}x")
 
     def pre_route(h, method: str, path: str) -> bool:
         if path in ("/health", "/ping") and method in ("GET", "POST"):

@@ -34,6 +34,10 @@ def test_status_of_a_healthy_group(up, project):
     assert [r["state"] for r in doc["ranks"]] == ["running"] * 3
     assert all(r["revision_ok"] for r in doc["ranks"]) and doc["revision"]["expected"] == up["group_revision"]
     assert doc["health"]["status"] == 200
+    assert doc["boot"]["kvTokens"] == 750_000 and doc["boot"]["speculative"] == "DSPARK"
+    code, out = dspark(project, "status")
+    assert "boot (rank 0, last up): KV pool 750,000 tokens (plan 750,000, 100%), speculative DSPARK, " \
+           "context 262,144" in out, out
 
 
 def test_plan_is_what_runs(up, project):

@@ -3,7 +3,7 @@
 One scenario, in order (each test builds on the cluster and stack the previous one left):
 preview -> up and answers through `python -m dspark.clients` -> no-op up -> serving change
 (group down head first, before any new rank starts) -> an argv the image's parser refuses fails `up`
-at the check step, the running group untouched ->
+at the check step, the running group untouched -> a KV pool below the plan fails `up` (or warns) ->
 refresh after a rank stopped and one removed, then `up` restarts the whole group -> key rotation and
 a new stateDir -> a node stopped mid-`up`, then `up` converges -> destroy keeps the checkpoint.
 Orders are read from the nodes' docker event timestamps, never from the engine's output order.
@@ -106,6 +106,14 @@ def test_first_up_answers_through_the_client_config(first, project):
     assert project.api_key not in first.up.text
 
 
+def test_up_exports_what_rank0_obtained(first, project):
+    """The `boot` output: the pool, DSPARK and context rank 0 logged, next to what the plan expected."""
+    boot = project.outputs()["boot"]["sim"]
+    assert boot["kvTokens"] == boot["expectedKvTokens"] == 750_000 and boot["shortfall"] is None
+    assert boot["speculative"] == "DSPARK" and boot["contextLength"] == 262_144
+    assert 'deepseek-spark boot: {' in first.up.text  # the probe's line, in the up log a reviewer reads
+
+
 def test_second_up_changes_nothing(first, project):
     before_ranks, before_shards = containers_of(STACK), shard_mtimes()
     run = project.timed("sim: no-op up", project.up()).check()
@@ -151,6 +159,24 @@ def test_an_argv_the_image_refuses_fails_up_at_the_check_before_any_rank_stops(f
     project.cli("config", "rm", "--path", "deepseek-spark:cluster.engineVersion").check()
     project.up().check()
     assert "42" in ask(first.env)
+
+
+def test_a_pool_below_the_plan_fails_up_naming_both_figures_or_warns(first, project):
+    """The double obtains half the pinned pool (memory held on the node): `up` fails with both figures;
+    with readiness.kvShortfall: warn it passes, and the shortfall is in the output."""
+    project.set_config("cluster.serving.extraEnv.DSPARK_SIM_KV_SHARE", "0.5")
+    run, _ = timed_up(project, "sim: up with a KV pool below the plan (fails)", expect_ok=False)
+    assert run.code != 0
+    assert "FAILED: the KV pool rank 0 obtained is 375,000 tokens, 50% of the 750,000 the plan expects" in run.text
+    project.set_config("cluster.readiness.kvShortfall", "warn")
+    run, _ = timed_up(project, "sim: the same with kvShortfall: warn")
+    assert "WARNING: the KV pool rank 0 obtained is 375,000 tokens" in run.text
+    boot = project.outputs()["boot"]["sim"]
+    assert boot["kvTokens"] == 375_000 and "375,000" in boot["shortfall"]
+    for path in ("cluster.serving.extraEnv.DSPARK_SIM_KV_SHARE", "cluster.readiness.kvShortfall"):
+        project.cli("config", "rm", "--path", f"deepseek-spark:{path}").check()
+    project.up().check()
+    assert project.outputs()["boot"]["sim"]["shortfall"] is None
 
 
 def test_refresh_after_a_rank_stopped_and_one_removed_then_up_restarts_the_whole_group(first, project):
