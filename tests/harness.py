@@ -163,7 +163,11 @@ class RecordingMonitor(pmocks.MockMonitor):
 
 
 class Mocks(pmocks.Mocks):
-    """Providers echo their inputs; add the few outputs the program reads."""
+    """Providers echo their inputs; add the few outputs the program reads. `stdout`: what a named
+    command printed (default empty)."""
+
+    def __init__(self, stdout: dict[str, str] | None = None):
+        self.stdout = stdout or {}
 
     def new_resource(self, args: pmocks.MockResourceArgs):
         state = dict(args.inputs)
@@ -171,7 +175,7 @@ class Mocks(pmocks.Mocks):
             state["imageId"] = "sha256:" + "0" * 64
             state["repoDigest"] = f"{args.inputs.get('name')}@sha256:" + "1" * 64
         if args.typ in ("command:remote:Command", "command:local:Command"):
-            state.setdefault("stdout", "")
+            state.setdefault("stdout", self.stdout.get(args.name, ""))
             state.setdefault("stderr", "")
         return f"{args.name}-id", state
 
@@ -240,6 +244,7 @@ def run_program(
     plain: tuple[str, ...] = (),
     preview: bool = False,
     secrets: dict[str, str] | None = None,
+    command_stdout: dict[str, str] | None = None,
 ) -> Recording:
     """Run __main__.py for `stack` (its stack file, or `cluster` instead of its cluster value).
 
@@ -247,7 +252,7 @@ def run_program(
     except those named in `plain`.
     """
     recording = Recording()
-    mocks = Mocks()
+    mocks = Mocks(command_stdout)
     logger = logging.getLogger(f"pulumi-mock-{stack}")
     logger.handlers[:] = [_LogCapture(recording)]
     logger.setLevel(logging.DEBUG)

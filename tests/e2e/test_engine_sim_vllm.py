@@ -40,6 +40,9 @@ def test_first_up_serves_through_ray(first, project):
     assert "42" in answer
     assert sorted(containers_of(STACK, NODES)) == [HEAD, WORKER]
     assert "2/2 nodes alive" in node_sh("spark1", f"docker logs {HEAD} 2>&1")
+    boot = project.outputs()["boot"]["sim-tp2"]  # vLLM's KV cache lines, read from the head's log
+    assert boot["kvTokens"] >= boot["expectedKvTokens"] > 0 and boot["maxConcurrency"] >= 1, boot
+    assert boot["contextLength"] == boot["expectedKvTokens"] and boot["kvCacheGiB"] > 0 and not boot["shortfall"]
     # the ranks share the node's IPC namespace: Ray's object store gets the node's /dev/shm (64 MiB by
     # docker's default made the worker's raylet crash under load), now 1 GiB and no warning about it
     for node, rank in zip(NODES, (HEAD, WORKER)):

@@ -249,3 +249,11 @@ def test_prometheus_scrapes_the_router_and_every_group_head(rec, stack):
         (g["name"], [g["endpoint"].split("//")[1].removesuffix("/v1")]) for g in rec.outputs["groups"]
     ]
     assert all(TEST_API_KEY not in text for text in plain_strings(rec.outputs["prometheus"]))
+
+
+def test_boot_output_per_group_from_each_readiness_probe():
+    """`boot`: what each group's probe printed (its last `deepseek-spark boot:` line); None without one."""
+    line = 'readiness: ...\ndeepseek-spark boot: {"kvTokens": 6213120, "expectedKvTokens": 5980000, "shortfall": null}'
+    rec = run_program("tp4x2", command_stdout={"tp4x2-a-readiness-check": line})
+    assert rec.outputs["boot"] == {"a": {"kvTokens": 6213120, "expectedKvTokens": 5980000, "shortfall": None},
+                                   "b": None}
