@@ -133,7 +133,7 @@ class Demo:
                 (self.work / name).symlink_to(self.project / name)
         (self.work / "Pulumi.yaml").write_bytes((self.project / "Pulumi.yaml").read_bytes())
         self.sync_stack_file()
-        self.say(f"state in {state} (file backend, Pulumi home, passphrase file; nothing in your home "
+        self.say(f"state in ./{STATE} (file backend, Pulumi home, passphrase file; nothing in your home "
                  "but the sim's ssh key under ~/.local/state/deepseek-spark-sim)")
 
     def sync_stack_file(self) -> None:
@@ -186,7 +186,8 @@ class Demo:
                 self.out.write(chunk.choices[0].delta.content)
                 self.out.flush()
         self.out.write(f"\n    ({time.monotonic() - t0:.1f} s)\n")
-        env = f"PULUMI_BACKEND_URL={self.env['PULUMI_BACKEND_URL']} PULUMI_CONFIG_PASSPHRASE_FILE={STATE}/passphrase"
+        # from the project directory, as the other commands below
+        env = f"PULUMI_BACKEND_URL=file://$PWD/{STATE}/backend PULUMI_CONFIG_PASSPHRASE_FILE=$PWD/{STATE}/passphrase"
         self.say("the stack stays up. Use it:")
         for line in (
             f"export {env} PATH=$PWD/.venv/bin:$PATH   # this demo's backend and CLI",
