@@ -20,7 +20,7 @@ from pulumi_command import local, remote
 
 from planning import commands, plan
 from .node import connection
-from planning.stackplan import MemberPlan, RouterPlan
+from planning.stackplan import ARGCHECK_PROGRAM, MemberPlan, RouterPlan
 
 LOCAL_DOCKER = "unix:///var/run/docker.sock"  # router.node: local
 
@@ -70,6 +70,21 @@ class Router(pulumi.ComponentResource):
             if rp.node is not None
             else local.Command(f"{name}-api-key", logging=local.Logging.NONE, **key_file)
         )
+        check = dict(
+            create=rp.argcheck,
+            stdin=ARGCHECK_PROGRAM,
+            # A rebuilt or re-pulled image under the same tag has another parser: check it again.
+            triggers=[self.image.id],
+            add_previous_output_in_env=False,
+            # It runs the image the router will run.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image]),
+        )
+        # The image's own sglang-router parser on the router's argv, before the router (re)starts.
+        self.argcheck: remote.Command | local.Command = (
+            remote.Command(f"{name}-argcheck", connection=connection(rp.node, args.private_key), **check)
+            if rp.node is not None
+            else local.Command(f"{name}-argcheck", **check)
+        )
         self.container = docker.Container(
             f"{name}-container",
             name=spec.container_name,
@@ -96,8 +111,9 @@ class Router(pulumi.ComponentResource):
                 provider=self.docker,
                 # Fixed container name and port: the old router must be gone before the new one starts.
                 delete_before_replace=True,
-                # The image must be on the node and the key file written before the router starts.
-                depends_on=[self.image, self.api_key_file],
+                # The image must be on the node, its parser must accept the argv, and the key file must be
+                # written before the router starts.
+                depends_on=[self.image, self.argcheck, self.api_key_file],
                 # A router a refresh found stopped is replaced, not started again in place (as ranks are).
                 replace_on_changes=["mustRun"],
             ),

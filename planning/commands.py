@@ -290,10 +290,15 @@ def argcheck(spec: plan.RankSpec, checks: list[tuple[str, list[str]]], volume: s
     throwaway container: no network, no GPU, the rank's env and its checkpoint volume read-only (the
     DSPARK draft weights are looked up there). Exits non-zero, naming node, rank, flag and the
     engine's own message, when the image refuses what the rank would run."""
-    env = " ".join(f"-e {q(f'{k}={v}')}" for k, v in sorted(spec.env.items()))
+    env = [f"-e {q(f'{k}={v}')}" for k, v in sorted(spec.env.items())]
+    mount = f"--mount {q(f'type=volume,source={volume},target={plan.MODEL_MOUNT},readonly')}"
+    return image_check(spec.image, spec.node, str(spec.rank), checks, [*env, mount])
+
+
+def image_check(image: str, node: str, rank: str, checks: list[tuple[str, list[str]]],
+                options: list[str] | None = None) -> str:  # fmt: skip
+    """`docker run` of `image` with programs/argcheck.py on stdin, checking each (program, argv)."""
     runs = " ".join(f"--check {q(engine)} {len(argv)} {' '.join(q(a) for a in argv)}" for engine, argv in checks)
-    return (
-        f"docker run --rm -i --network none --entrypoint python3 {env} "
-        f"--mount {q(f'type=volume,source={volume},target={plan.MODEL_MOUNT},readonly')} {q(spec.image)} "
-        f"- --node {q(spec.node)} --rank {spec.rank} {runs}"
-    )
+    opts = "".join(f"{o} " for o in options or [])
+    return (f"docker run --rm -i --network none --entrypoint python3 {opts}{q(image)} "
+            f"- --node {q(node)} --rank {q(rank)} {runs}")

@@ -135,6 +135,7 @@ class RouterPlan:
     url: str  # http://host:port
     readiness: ReadinessPlan  # one answer through the router
     metrics: str  # host:port of the router's Prometheus exporter
+    argcheck: str  # the image's sglang-router parser on the router's argv (commands.image_check)
 
     @property
     def endpoint(self) -> str:
@@ -266,15 +267,17 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
     readiness = ReadinessPlan(
         commands.readiness(cfg, stack, url=url + "/v1"), cfg.readiness.timeout_seconds // 60 + 5
     )
+    spec = routing.router_spec(r, stack, r.image or cfg.image, key_path, workers)
     router = RouterPlan(
         node=node,
         group=groups[gi].group_name if node else None,
-        spec=routing.router_spec(r, stack, r.image or cfg.image, key_path, workers),
+        spec=spec,
         key_file_create=commands.secret_file_create(key_path, sudo),
         key_file_delete=commands.secret_file_delete(key_path, sudo),
         url=url,
         readiness=readiness,
         metrics=f"{host}:{r.metrics_port}",
+        argcheck=commands.image_check(spec.image, node.name if node else LOCAL, "router", [("router", list(spec.args))]),
     )
     members = tuple(
         MemberPlan(
