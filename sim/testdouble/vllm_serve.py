@@ -34,6 +34,7 @@ from . import flags, openai_api
 
 __version__ = "0.11.0+test-double"
 TAG = "vllm-sim test-double"
+MODEL_MAX_LEN = 131072  # the fake checkpoint's context (what vLLM would read from its config)
 
 
 def log(msg: str) -> None:
@@ -194,10 +195,11 @@ def serve(args) -> int:
     # what real vLLM logs once it sized its KV cache (gpu_worker.py, kv_cache_utils.py), with the
     # double's memory model: room for max-num-seqs requests of max-model-len, times DSPARK_SIM_KV_SHARE
     share = float(os.environ.get("DSPARK_SIM_KV_SHARE", "1") or 1)
-    tokens = int(args.max_model_len * max(1, args.max_num_seqs or 1) * share)
+    length = args.max_model_len or MODEL_MAX_LEN  # without --max-model-len, vLLM takes the model's
+    tokens = int(length * max(1, args.max_num_seqs or 1) * share)
     log(f"Available KV cache memory: {tokens * 1024 / 2**30:.2f} GiB")
-    log(f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for {args.max_model_len:,} tokens per request: "
-        f"{tokens / args.max_model_len:.2f}x")
+    log(f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for {length:,} tokens per request: "
+        f"{tokens / length:.2f}x")
 
     def pre_route(h, method: str, path: str) -> bool:
         if path in ("/health", "/ping") and method in ("GET", "POST"):
