@@ -187,7 +187,6 @@ def check_router(argv: list[str]) -> str:
 
 
 CHECKS = {"sglang": check_sglang, "vllm": check_vllm, "ray": check_ray, "router": check_router}
-PARSERS = {"sglang": sglang_parser, "vllm": vllm_parser}
 
 
 def _version(dist: str) -> str:
