@@ -23,7 +23,9 @@ if errors:
     )
 plan = stackplan.build_stack(settings.config, settings.stack, settings.host_keys)  # everything to create, once
 for group in plan.groups:
-    pulumi.log.info(("" if group.name is None else f"[group {group.name}] ") + group.memory.summary())
+    where = "" if group.name is None else f"[group {group.name}] "
+    pulumi.log.info(where + group.memory.summary())
+    pulumi.log.info(where + group.planes)
 
 outputs = deployment.deploy(plan, settings.api_key, settings.ssh_private_key, settings.hf_token)
 for name, value in outputs.items():

@@ -64,6 +64,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
             if sp.engine == "sglang"
             else VllmRayGroup(f"{name}-vllm", group_args, child)
         )
+        self.fabric = self.group.fabric
         self.readiness = Readiness(
             f"{name}-readiness", ReadinessArgs(sp.readiness, args.api_key, self.group.ranks), child
         )

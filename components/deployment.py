@@ -53,6 +53,8 @@ def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token:
     outputs["groups"] = [group_output(sp) for sp in cp.groups]
     # per group: what rank 0 reported it obtained at its last boot, next to what the plan expected
     outputs["boot"] = {sp.group_name: c.readiness.boot for sp, c in zip(cp.groups, clusters)}
+    # per group: the fabric gate's measured bandwidth per node pair and rail at the last (re)start
+    outputs["fabric"] = {sp.group_name: (c.fabric.figures if c.fabric else None) for sp, c in zip(cp.groups, clusters)}
     outputs["prometheus"] = {"scrape_configs": monitoring.scrape_configs(cp)}
 
     if router is None:

@@ -11,6 +11,7 @@ import pulumi_docker as docker
 from pulumi_command import local, remote
 
 from planning import plan
+from .fabric import FabricGate, FabricGateArgs
 from .node import SparkNode
 from planning.stackplan import GroupPlan
 
@@ -97,6 +98,7 @@ def rank_container(
     after: list[docker.Container],
     generation: remote.Command | local.Command,
     parent: pulumi.Resource,
+    gate: pulumi.Resource | None = None,
 ) -> docker.Container:
     """One rank's container on its node, started after the containers in `after`.
 
@@ -117,7 +119,8 @@ def rank_container(
             delete_before_replace=True,
             # A group starts only when every node is ready (preflight, image, checkpoint, shards): a rank
             # started early can time out waiting for a node that is still pulling or packing.
-            depends_on=[*args.prerequisites, generation, *after],
+            # The fabric gate (bandwidth between the nodes) runs after the old group is down, before any new rank.
+            depends_on=[*args.prerequisites, generation, *after, *([gate] if gate is not None else [])],
             # After a refresh found the rank stopped (the provider reports mustRun false), `up` replaces it
             # instead of starting the old container again in place. A tensor-parallel group fails as a
             # whole (NCCL is fail-stop), so a refresh finds every rank stopped or gone and they are all
@@ -126,6 +129,15 @@ def rank_container(
             custom_timeouts=pulumi.CustomTimeouts(create="10m", delete="10m"),
         ),
     )
+
+
+def fabric_gate(name: str, args: GroupArgs, generation: pulumi.Resource, parent) -> FabricGate | None:
+    """The group's FabricGate (None with one node or fabric.bandwidthGate off)."""
+    if args.group.fabric_gate is None:
+        return None
+    preflights = [n.preflight for n in args.nodes]
+    return FabricGate(name, FabricGateArgs(args.group.fabric_gate, args.group.revision, preflights, generation),
+                      pulumi.ResourceOptions(parent=parent))  # fmt: skip
 
 
 def argv_checks(name: str, args: GroupArgs, parent) -> list[remote.Command]:

@@ -14,7 +14,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .group import GroupArgs, api_key_file, argv_checks, group_generation, rank_container
+from .group import GroupArgs, api_key_file, argv_checks, fabric_gate, group_generation, rank_container
 
 
 class VllmRayGroup(pulumi.ComponentResource):
@@ -32,10 +32,12 @@ class VllmRayGroup(pulumi.ComponentResource):
             f"{name}-generation", args.group, self.api_key_file, [*args.prerequisites, *self.argchecks], self,
             args.after,
         )
+        self.fabric = fabric_gate(f"{name}-fabric", args, self.generation, self)
+        gate = self.fabric.check if self.fabric else None
         self.ranks: list[docker.Container] = []
         for spec in specs:  # head first: every worker joins its Ray head (head created first, deleted last)
             after = [self.ranks[0]] if spec.rank > 0 else []
             self.ranks.append(
-                rank_container(f"{name}-rank{spec.rank}", spec, self.revision, args, "vllm", after, self.generation, self)
+                rank_container(f"{name}-rank{spec.rank}", spec, self.revision, args, "vllm", after, self.generation, self, gate)
             )
         self.register_outputs({"revision": self.revision, "ranks": [c.name for c in self.ranks]})

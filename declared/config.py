@@ -64,7 +64,11 @@ class NodeConfig(_Strict):
 
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
     host: Host = Field(description="management address used for ssh and the API: IPv4 or DNS name")
-    fabric_ip: str = Field(description="ConnectX-7 fabric address (NCCL, dist-init, NFS)")
+    fabric_ip: str = Field(description="data plane: this node's address on its cabled ConnectX-7 port (NCCL, "
+                           "dist-init, Ray, NFS); the port's twin has an address of its own, found by preflight")
+    link_ips: list[str] = Field(
+        default_factory=list, description="more ConnectX-7 addresses of this node, one per further direct link "
+        "(a triangle: the address on the link to the third node); nodes share a link when addresses share a subnet")
     ssh_user: str = Field(min_length=1, max_length=32, pattern=r"^[a-z_][a-z0-9_-]*$")
     ssh_port: int = Field(default=22, ge=1, le=65535)
     host_key: HostKey | None = Field(
@@ -73,7 +77,8 @@ class NodeConfig(_Strict):
         "ssh.knownHostsFile)",
     )
     nfs_server_ip: str | None = Field(
-        default=None, description="workers: the head's address on this worker's ConnectX link (default: head fabricIp)"
+        default=None, description="workers: the head's NFS address for this worker (default: the head's address on "
+        "the link the two share)"
     )
 
 
@@ -132,14 +137,24 @@ class EngramConfig(_Strict):
 
 
 class FabricConfig(_Strict):
-    socket_ifname: IfnameList = Field(default="enP7s7", description="NCCL/GLOO bootstrap interface")
-    ib_hca: HcaList = Field(default="rocep1s0f0,rocep1s0f1", description="NCCL_IB_HCA: both RoCE twins")
-    iface: Annotated[str, AfterValidator(shape(re.compile(_NETDEV), "a network interface name (at most 15 "
-                                                "characters: letters, digits, _.-), e.g. enp1s0f1np1"))] = Field(
-        default="enp1s0f1np1", description="ConnectX-7 netdev checked by preflight")  # fmt: skip
-    link_speed_mbps: int = Field(default=200000, ge=1, le=10_000_000)
+    ib_hca: HcaList | None = Field(
+        default=None, description="pin NCCL_IB_HCA; unset = every RoCE device of the ConnectX-7 port that holds "
+        "fabricIp (both twins), found on each node at every rank start")
+    socket_ifname: IfnameList | None = Field(
+        default=None, description="pin NCCL/GLOO/TP_SOCKET_IFNAME; unset = the interface holding the node's "
+        "bootstrap address, found at every rank start")
+    bootstrap: Literal["fabric", "management"] = Field(
+        default="fabric", description="the plane of dist-init, Ray and the socket interfaces: fabric (fabricIp), or "
+        "management (host) where no data-plane address reaches every peer (a triangle)")
+    prefix_length: int = Field(default=24, ge=8, le=30, description="subnet size that pairs link addresses")
+    link_speed_mbps: int = Field(default=200000, ge=1, le=10_000_000, description="every rail's negotiated speed")
+    mtu: int = Field(default=9000, ge=1280, le=9216, description="every rail's MTU; peers must pass no-fragment pings")
+    bandwidth_gate: bool = Field(default=True, description="ib_write_bw between linked nodes before a group starts")
+    min_bandwidth_gbps: float = Field(default=175.0, ge=0, le=1600, description="floor per node pair, all rails "
+                                      "together (NVIDIA's cluster gate: 175 Gb/s)")
     gid_index: int | None = Field(
-        default=None, ge=0, le=255, description="pin NCCL_IB_GID_INDEX; unset = looked up from sysfs at rank start"
+        default=None, ge=0, le=255, description="pin NCCL_IB_GID_INDEX; unset = the rails' RoCE v2 IPv4 GID, looked "
+        "up from sysfs at every rank start"
     )
     tuned_buffers: bool = Field(default=True, description="NCCL buffer knobs that cut 4.7 GiB to 0.14 GB")
 
@@ -339,12 +354,21 @@ def parse_cluster(raw: Any) -> ClusterConfig:
         raise ConfigError("invalid stack config:\n  " + "\n  ".join(_errors(exc))) from None
 
 
+# Fields that existed once: the error says what replaced them.
+REMOVED = {
+    ("fabric", "iface"): "was removed: preflight checks every rail of the ConnectX-7 port that holds each node's "
+    "fabricIp (found from sysfs); remove it (pin the RoCE devices with fabric.ibHca if you must)",
+}
+
+
 def _errors(exc: ValidationError, root: str = "cluster") -> list[str]:
     """One line per problem: the field's path, what is wrong and what to do."""
     lines = []
     for err in exc.errors():
         where = _loc(err["loc"], root)
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and tuple(err["loc"][-2:]) in REMOVED:
+            lines.append(f"{where}: {REMOVED[tuple(err['loc'][-2:])]}")
+        elif err["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown field; remove it or check its spelling (fields are camelCase)")
         elif err["type"] == "missing":
             lines.append(f"{where}: required field is missing; add it to the stack config")

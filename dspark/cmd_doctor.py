@@ -14,12 +14,14 @@ JSON shape (`--json`):
       "nodes": [
         {"rank": 0, "node": "spark1", "reachable": true,
          "preflight": {"exit_code": 0, "ok": ["docker", "gpu", ...], "failed": [{"check": "gpu-idle", "message": "..."}]},
+         "fabric": null | {"hca": "rocep1s0f1,roceP2p1s0f1", "socket_ifname", "gid_index", "rails": [...], "ports": {}},
          "container": {"name": "tp3-rank0", "state": "running", "exit_code": 0, "revision": "..."},
          "engram": null | {"dir": "...", "present": ["engram-l1-r0of3.bin"], "missing": ["engram-l14-r0of3.bin"]},
          "checkpoint_volume": null | {"name": "tp3-checkpoint", "exists": true, "mountpoint": "...",
                                       "mounted": true, "stat": "ok" | "hung" | "stale" | "failed" | "unknown"}}
       ],
       "health": null | {"url": "...", "status": 200 | null, "error": null | "..."},
+      "fabric_gate": null | {"<group>": {"floorGbps", "minGbps", "ok", "pairs": [{"a", "b", "totalGbps", "rails"}]}},
       "findings": [{"node": "spark2", "rank": 1, "check": "rank-stopped", "what": "...", "fix": "..."}],
       "notes": ["..."],
       "exit_code": 0 | 1
@@ -38,7 +40,8 @@ from programs import probe
 
 from . import api
 from .nodes import (
-    SSH_FAILED, Node, Nodes, files_cmd, inspect_cmd, parse_files, parse_inspect, parse_preflight, preflight_cmd,
+    SSH_FAILED, Node, Nodes, fabric_report, files_cmd, inspect_cmd, parse_files, parse_inspect, parse_preflight,
+    preflight_cmd,
     volume_probe_cmd,
 )  # fmt: skip
 from .render import table, to_json
@@ -97,8 +100,9 @@ def _stat_result(lines: dict[str, str]) -> str:
 
 def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
     cfg, name = stack.cfg, stack.plan_name
-    result: dict = {"rank": node.rank, "node": node.name, "reachable": True, "preflight": None, "container": None,
-                    "engram": None, "checkpoint_volume": None, "_findings": [], "_notes": []}  # fmt: skip
+    result: dict = {"rank": node.rank, "node": node.name, "reachable": True, "preflight": None, "fabric": None,
+                    "container": None, "engram": None, "checkpoint_volume": None, "_findings": [],
+                    "_notes": []}  # fmt: skip
     findings: list[Finding] = result["_findings"]
     code, out = nodes.run(node, preflight_cmd(commands.preflight(cfg, name, node.rank)))
     ok, failed = parse_preflight(out)
@@ -110,6 +114,7 @@ def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
                                 f"`{nodes.ssh_hint(node)}` (ssh.identityFile, ssh.knownHostsFile)"))  # fmt: skip
         return result
     result["preflight"] = {"exit_code": code, "ok": ok, "failed": [{"check": c, "message": m} for c, m in failed]}
+    result["fabric"] = fabric_report(out)  # the rails, GIDs and socket interface NCCL gets on this node
     for check, message in failed:
         problem, _, fix = message.partition("; ")
         findings.append(Finding(node.name, node.rank, f"preflight:{check}", problem, fix or "see the message"))
@@ -235,12 +240,31 @@ def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, http_status: Opt
         "revision": {"expected": expected, "source": source, "planned": planned},
         "nodes": results,
         "health": health,
+        # the bandwidth the fabric gate measured at the group's last (re)start (the `fabric` output)
+        "fabric_gate": (outputs or {}).get("fabric"),
         "findings": [asdict(f) for f in findings],
         "notes": notes,
         "exit_code": code,
     }
     out.write(to_json(doc) + "\n" if as_json else render_text(doc))
     return code
+
+
+def fabric_lines(doc: dict) -> list[str]:
+    """Each node's rails (from its preflight) and the gate's figures per pair (from the stack outputs)."""
+    out = []
+    for r in doc["nodes"]:
+        f = r.get("fabric")
+        if f:
+            rails = ", ".join(f"{x['hca']} ({x['netdev']} {x['ip'] or '-'}, {x['state']}, gid {x['gid_index']})"
+                              for x in f["rails"]) or "none"  # fmt: skip
+            out.append(f"fabric {r['node']}: NCCL_IB_HCA={f['hca'] or '-'} socket {f['socket_ifname'] or '-'}; rails {rails}")
+    for group, rep in sorted((doc.get("fabric_gate") or {}).items()):
+        for p in (rep or {}).get("pairs", []):
+            rails = ", ".join(f"{x['client']}<->{x['server']} {x['gbps']:g}" for x in p["rails"])
+            out.append(f"bandwidth {group} {p['a']}<->{p['b']}: {p['totalGbps']:g} Gb/s [{rails}] (floor "
+                       f"{p['floorGbps']:g}, measured at the last group start){'' if p['ok'] else ' BELOW FLOOR'}")
+    return ["", *out] if out else []
 
 
 def render_text(doc: dict) -> str:
@@ -260,6 +284,7 @@ def render_text(doc: dict) -> str:
             None if v is None else ("missing" if v["exists"] is False else v["stat"]),
         ])  # fmt: skip
     lines.append(table(["RANK", "NODE", "PREFLIGHT", "CONTAINER", "ENGRAM", "CHECKPOINT VOLUME"], rows))
+    lines += fabric_lines(doc)
     if doc["findings"]:
         lines.append(f"\n{len(doc['findings'])} finding(s):")
         for f in doc["findings"]:

@@ -11,6 +11,9 @@ JSON shape (`--json`):
                 "build": null | {"context", "dockerfile", "args", "platform", "digest"}},
       "group_revision": "0123456789abcdef",  # label deepseek-spark.group-revision on every rank
       "memory_plan": {...},                  # plan.memory_plan(cfg).to_output() (the `memory_plan` output)
+      "fabric": {"bootstrap": "fabric", "links": [{"a", "b", "a_ip", "b_ip", "subnet"}],
+                 "checkpoint": [{"rank", "node", "how", "via", "read_gbps", "minutes"}],   # boot read model
+                 "gate": null | {"floorGbps", "command"}, "summary": "..."},
       "nodes": [
         {"rank": 0, "role": "head", "name": "spark1", "host": "10.0.0.1", "fabric_ip": "10.0.0.1",
          "ssh": {"user": "zurih", "port": 22, "target": "zurih@10.0.0.1"},
@@ -35,7 +38,7 @@ import shlex
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from planning import plan, rules, stackplan
+from planning import fabric, plan, rules, stackplan
 
 from .nodes import preflight_checks
 from .render import table, to_json
@@ -114,6 +117,16 @@ def build(stack: Stack) -> dict[str, Any]:
             }  # fmt: skip
         )
     doc["nodes"] = nodes
+    # which network carries what: links, bootstrap plane, the checkpoint's path to each rank, the gate
+    doc["fabric"] = {
+        "bootstrap": cfg.fabric.bootstrap,
+        "links": [{"a": cfg.nodes[lk.a].name, "b": cfg.nodes[lk.b].name, "a_ip": lk.a_ip, "b_ip": lk.b_ip,
+                   "subnet": lk.subnet} for lk in fabric.links(cfg)],  # fmt: skip
+        "checkpoint": fabric.boot_read_minutes(cfg, sp.memory.ranks[0].weights_gib),
+        "gate": None if sp.group.fabric_gate is None else {"floorGbps": cfg.fabric.min_bandwidth_gbps,
+                                                           "command": sp.group.fabric_gate},  # fmt: skip
+        "summary": sp.planes,
+    }
     return doc
 
 
@@ -159,6 +172,9 @@ def _text(doc: dict, stack: Stack) -> str:
     out.append("\npreflight checks:")
     for n in doc["nodes"]:
         out.append(f"  {n['name']} (rank {n['rank']}): {' '.join(n['preflight']['checks'])}")
+    out.append("\n" + doc["fabric"]["summary"])
+    gate = doc["fabric"]["gate"]
+    out.append(f"  bandwidth gate: {'ib_write_bw per linked pair over all rails, floor ' + format(gate['floorGbps'], 'g') + ' Gb/s' if gate else 'off'}")
     mp = doc["memory_plan"]
     out.append(f"\nmemory plan ({mp['profile']}, {mp['unifiedGiB']} GiB per node, static fraction "
                f"{mp['staticFraction']}): {'fits' if mp['fits'] else 'DOES NOT FIT'}")  # fmt: skip

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TypeVar
 
-from planning import commands, plan
-from programs import probe
+from planning import commands, fabric, plan
+from programs import probe, rails
 from declared.config import ClusterConfig
 
 q = shlex.quote
@@ -284,9 +284,20 @@ def parse_preflight(out: str) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def preflight_checks(script: str) -> list[str]:
-    """The check names a preflight script reports (`ok <name>`), in order."""
+    """The check names a preflight script reports (`ok <name>`), in order (the fabric program's own
+    checks where the script runs it)."""
     seen: list[str] = []
-    for name in re.findall(r"\bok ([a-z0-9][a-z0-9-]*)", script):
+    names = re.findall(r"\bok ([a-z0-9][a-z0-9-]*)", script.split(fabric.RAILS_EOF)[0])
+    if fabric.RAILS_EOF in script:
+        names += list(rails.CHECKS)
+    names += re.findall(r"\bok ([a-z0-9][a-z0-9-]*)", script.split(fabric.RAILS_EOF)[-1])
+    for name in names:
         if name not in seen:
             seen.append(name)
     return seen
+
+
+def fabric_report(out: str) -> dict | None:
+    """The rails the node's preflight found (its `deepseek-spark fabric:` line)."""
+    lines = [line for line in out.splitlines() if line.startswith(rails.REPORT_PREFIX)]
+    return json.loads(lines[-1][len(rails.REPORT_PREFIX):]) if lines else None

@@ -7,9 +7,10 @@ Scripts are POSIX sh, because remote.Command runs them with the ssh user's login
 
 from __future__ import annotations
 
+import json
 import shlex
 
-from . import plan
+from . import fabric, plan
 from declared.config import ClusterConfig
 
 q = shlex.quote
@@ -31,10 +32,20 @@ def head_needs_sudo(cfg: ClusterConfig) -> bool:
     return bool(key_sudo(cfg)) or (cfg.share.mode == "nfs" and len(cfg.nodes) > 1 and cfg.nodes[0].ssh_user != "root")
 
 
+def rails_run(cfg: ClusterConfig, rank: int, fmt: str, then: str = "") -> str:
+    """`python3 -` of programs/rails.py in a quoted heredoc (`then`: the rest of its command line, e.g.
+    `|| failed=1`): `check` for preflight (link checks and peers too), `env` for a rank's entrypoint."""
+    f = cfg.fabric
+    args = [*fabric.rails_args(cfg, rank), "--format", fmt]
+    if fmt == "check":
+        args += ["--node", cfg.nodes[rank].name, "--speed-mbps", str(f.link_speed_mbps), "--mtu", str(f.mtu)]
+        args += [f"--peer={name}={ip}" for name, ip in fabric.peers(cfg, rank)]
+    return fabric.heredoc(args, then)
+
+
 def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
     """Read-only checks on one node; reports every failure (node, check, fix), exits 1 if any failed."""
     node = cfg.nodes[rank]
-    f = cfg.fabric
     own = plan.container_name(stack, rank)
     lines = [
         f"node={q(node.name)}; failed=0",
@@ -54,14 +65,10 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         # RDMA devices for NCCL over RoCE
         "if [ -e /dev/infiniband ]; then ok infiniband; else "
         'fail infiniband "/dev/infiniband is missing; install the MLNX/DOCA OFED drivers"; fi',
-        # fabric link up at the expected rate (config values reach the shell only through q, never inside "...")
-        f"iface={q(f.iface)}",
-        'link=$(ethtool "$iface" 2>/dev/null || true)',
-        "if printf '%s\\n' \"$link\" | grep -q 'Link detected: yes'; then ok fabric-link; else "
-        'fail fabric-link "$iface is down or missing; check the ConnectX-7 cable and fabric.iface"; fi',
-        "speed=$(printf '%s\\n' \"$link\" | sed -n 's/.*Speed: *\\([0-9][0-9]*\\)Mb\\/s.*/\\1/p' | head -n 1)",
-        f'if [ "${{speed:-0}}" -ge {f.link_speed_mbps} ]; then ok fabric-speed; else '
-        f'fail fabric-speed "$iface runs at ${{speed:-unknown}} Mb/s, expected {f.link_speed_mbps}; reseat the cable"; fi',
+        # the data plane: rails of the cabled port, GIDs, speed, MTU, no-fragment pings (programs/rails.py)
+        "if command -v python3 >/dev/null 2>&1; then",
+        rails_run(cfg, rank, "check", " || failed=1"),
+        'else fail fabric "python3 is missing on the node (the fabric checks run with it); install python3"; fi',
     ]
     if rank == 0 and head_needs_sudo(cfg):
         lines.append(
@@ -138,10 +145,15 @@ def exports_file(stack: str) -> str:
 
 
 def export_line(cfg: ClusterConfig) -> str:
-    """One exports(5) line: the checkpoint, read-only, to exactly the worker fabric IPs."""
+    """One exports(5) line: the checkpoint, read-only, to exactly each worker's address on its link with
+    the head (the address its mount comes from)."""
     opts = ",".join(cfg.share.export_options)
-    clients = " ".join(f"{n.fabric_ip}({opts})" for n in cfg.nodes[1:])
+    clients = " ".join(f"{c}({opts})" for c in export_clients(cfg))
     return f"{cfg.model.checkpoint_dir} {clients}"
+
+
+def export_clients(cfg: ClusterConfig) -> list[str]:
+    return [fabric.nfs_link(cfg, rank)[1] for rank in range(1, len(cfg.nodes))]
 
 
 def export_create(cfg: ClusterConfig, stack: str) -> str:
@@ -154,7 +166,7 @@ def export_create(cfg: ClusterConfig, stack: str) -> str:
         f"{s}mkdir -p /etc/exports.d\n"
         f"printf '%s\\n' {q(export_line(cfg))} | {s}tee {q(path)} >/dev/null\n"
         f"{s}exportfs -ra\n"
-        f"echo exported {q(cfg.model.checkpoint_dir)} read-only to {q(' '.join(n.fabric_ip for n in cfg.nodes[1:]))}\n"
+        f"echo exported {q(cfg.model.checkpoint_dir)} read-only to {q(' '.join(export_clients(cfg)))}\n"
     )
 
 
@@ -283,6 +295,23 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
             *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks else [])),
         ]
     )
+
+
+def fabric_gate(cfg: ClusterConfig) -> str | None:
+    """Local command: ib_write_bw between every pair of linked nodes over all rails (programs/fabricgate.py);
+    None when the gate is off or the group has one node."""
+    f = cfg.fabric
+    if not f.bandwidth_gate or len(cfg.nodes) < 2:
+        return None
+    spec = {
+        "floor": f.min_bandwidth_gbps,
+        "nodes": [{"name": n.name, "target": f"{n.ssh_user}@{n.host}", "port": n.ssh_port,
+                   "rails_args": fabric.rails_args(cfg, i)} for i, n in enumerate(cfg.nodes)],  # fmt: skip
+        "links": [{"a": cfg.nodes[lk.a].name, "b": cfg.nodes[lk.b].name, "a_ip": lk.a_ip, "b_ip": lk.b_ip}
+                  for lk in fabric.links(cfg)],  # fmt: skip
+    }
+    return " ".join(["python3 -m programs.fabricgate", f"--spec {q(json.dumps(spec, separators=(',', ':')))}",
+                     *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg))])  # fmt: skip
 
 
 def argcheck(spec: plan.RankSpec, checks: list[tuple[str, list[str]]], volume: str) -> str:

@@ -15,6 +15,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import fabric
 from declared.config import ClusterConfig, NodeConfig
 from programs import probe
 
@@ -320,7 +321,7 @@ def volume_options(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     ckpt = cfg.model.checkpoint_dir
     if rank == 0 or cfg.share.mode == "local":
         return {"type": "none", "o": "bind", "device": ckpt}
-    server = cfg.nodes[rank].nfs_server_ip or head(cfg).fabric_ip
+    server = fabric.nfs_link(cfg, rank)[0]  # the head's address on the link it shares with this worker
     return {"type": "nfs", "o": ",".join([f"addr={server}", *cfg.share.mount_options]), "device": f":{ckpt}"}
 
 
@@ -329,9 +330,9 @@ def nccl_env(cfg: ClusterConfig) -> dict[str, str]:
     env = {
         "NCCL_NET": "IB",
         "NCCL_IB_DISABLE": "0",
-        "NCCL_IB_HCA": f.ib_hca,
-        "NCCL_SOCKET_IFNAME": f.socket_ifname,
-        "GLOO_SOCKET_IFNAME": f.socket_ifname,
+        # the rails' RoCE v2 IPv4 GIDs, whatever their index (the entrypoint pins one when all rails agree)
+        "NCCL_IB_ROCE_VERSION_NUM": "2",
+        "NCCL_IB_ADDR_FAMILY": "AF_INET",
         "NCCL_P2P_DISABLE": "1",
         "NCCL_SHM_DISABLE": "1",
         "NCCL_CROSS_NIC": "1",
@@ -352,8 +353,24 @@ def nccl_env(cfg: ClusterConfig) -> dict[str, str]:
             NCCL_MIN_NCHANNELS="4",
             NCCL_P2P_LEVEL="SYS",
         )
+    # Pinned in the fabric section; otherwise the entrypoint finds them on the node at every start.
+    if f.ib_hca:
+        env["NCCL_IB_HCA"] = f.ib_hca
+    if f.socket_ifname:
+        env.update(NCCL_SOCKET_IFNAME=f.socket_ifname, GLOO_SOCKET_IFNAME=f.socket_ifname,
+                   TP_SOCKET_IFNAME=f.socket_ifname)  # fmt: skip
     if f.gid_index is not None:
         env["NCCL_IB_GID_INDEX"] = str(f.gid_index)
+    return env
+
+
+def plane_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
+    """Which addresses the rank's entrypoint starts from (programs/rails.py) and what the engines bind:
+    the data plane, or the management plane with fabric.bootstrap: management."""
+    boot, node = fabric.bootstrap_ip(cfg, rank), cfg.nodes[rank]
+    env = {"DSPARK_FABRIC_IP": node.fabric_ip, "DSPARK_BOOTSTRAP_IP": boot, "HOST_IP": boot}
+    if node.link_ips:  # a triangle's second link: its port's twins are rails too
+        env["DSPARK_LINK_IPS"] = ",".join(node.link_ips)
     return env
 
 
@@ -367,6 +384,8 @@ def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     node = cfg.nodes[rank]
     env = {
         **nccl_env(cfg),
+        **plane_env(cfg, rank),
+        "SGLANG_HOST_IP": fabric.bootstrap_ip(cfg, rank),  # SGLang's own address lookup would pick any NIC
         "OFFLOAD_MODE": s.offload_mode,
         "DSV41_PACKED_DIR": ENGRAM_MOUNT,
         "DSV41_SOURCE": MODEL_MOUNT,
@@ -374,7 +393,6 @@ def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",  # True produces NaN logits
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE": "0",
-        "HOST_IP": node.fabric_ip,
         # Which checkpoint the ranks were started on: a new revision re-packs the engram shards,
         # so it must also restart the whole group (it is part of the group revision).
         "DSPARK_CHECKPOINT_REVISION": cfg.model.revision,
@@ -411,7 +429,7 @@ def sglang_args(cfg: ClusterConfig, rank: int, metrics: bool = False) -> list[st
         "--ep-size", str(s.ep_size),
         "--nnodes", str(len(cfg.nodes)),
         "--node-rank", str(rank),
-        "--dist-init-addr", f"{head(cfg).fabric_ip}:{s.dist_port}",
+        "--dist-init-addr", f"{fabric.bootstrap_ip(cfg, 0)}:{s.dist_port}",
         "--host", "0.0.0.0",
         "--port", str(s.port),
         "--context-length", str(s.context_length),
@@ -433,22 +451,19 @@ def sglang_args(cfg: ClusterConfig, rank: int, metrics: bool = False) -> list[st
     return args + list(s.extra_args)
 
 
-_GID_LOOKUP = r"""if [ -z "${NCCL_IB_GID_INDEX:-}" ]; then
-  want=$(printf '%s' "${HOST_IP:-}" | awk -F. 'NF==4{printf "%02x%02x:%02x%02x", $1, $2, $3, $4}')
-  gid=""
-  for hca in $(printf '%s' "${NCCL_IB_HCA:-}" | tr ',' ' '); do
-    for f in __SYSFS__/"$hca"/ports/1/gids/*; do
-      [ -r "$f" ] || continue
-      i=${f##*/}
-      t=$(cat __SYSFS__/"$hca"/ports/1/gid_attrs/types/"$i" 2>/dev/null || true)
-      case "$t" in *"v2"*) ;; *) continue ;; esac
-      case "$(cat "$f")" in *"ffff:$want") gid=$i; break 2 ;; esac
-    done
-  done
-  export NCCL_IB_GID_INDEX="${gid:-3}"
-fi
-echo "deepseek-spark: rank ${NODE_RANK:-?} NCCL_IB_GID_INDEX=$NCCL_IB_GID_INDEX"
-"""
+def rails_env(sysfs: str = "/sys/class/infiniband") -> str:
+    """The entrypoint's fabric step: programs/rails.py finds this node's rails (both twins of the port
+    holding DSPARK_FABRIC_IP), their RoCE v2 GID and the socket interface of DSPARK_BOOTSTRAP_IP, and
+    exports what the fabric section does not pin; a fabric NCCL cannot use stops the rank here."""
+    run = fabric.heredoc(["--fabric-ip", "__FABRIC__", "--bootstrap-ip", "__BOOT__",
+                          *(["--sysfs", sysfs] if sysfs != "/sys/class/infiniband" else []), "--format", "env"])
+    run = run.replace("'__FABRIC__'", '"$DSPARK_FABRIC_IP"').replace("__FABRIC__", '"$DSPARK_FABRIC_IP"')
+    run = run.replace("'__BOOT__'", '"$DSPARK_BOOTSTRAP_IP"').replace("__BOOT__", '"$DSPARK_BOOTSTRAP_IP"')
+    return (f"fabric_env=$({run}\n) || {{ echo \"deepseek-spark: rank ${{NODE_RANK:-?}}: the fabric is not usable "
+            f"(above); not starting\" >&2; exit 1; }}\neval \"$fabric_env\"\n"
+            'echo "deepseek-spark: rank ${NODE_RANK:-?} NCCL_IB_HCA=${NCCL_IB_HCA:-} '
+            'NCCL_IB_GID_INDEX=${NCCL_IB_GID_INDEX:-auto} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-}"\n')
+
 
 def ray_head_args(port: str, ip: str) -> list[str]:
     """`ray start` on the vLLM head (the script passes "$RAY_PORT" "$VLLM_HOST_IP"; the argument check
@@ -487,13 +502,14 @@ def launch_wrapper(
 ) -> str:
     """A rank entrypoint script, run by /bin/sh in the container with the engine's flags as "$@".
 
-    - NCCL_IB_GID_INDEX, unless pinned, is looked up from sysfs at every start (it moves between
-      reboots): the RoCE v2 GID ending in the IPv4-mapped HOST_IP; 3 when none matches.
+    - The fabric (rails_env): NCCL_IB_HCA (both twins), NCCL_IB_GID_INDEX (it moves between reboots)
+      and the socket interfaces, unless pinned, are found on the node at every start; a rail without
+      a RoCE v2 IPv4 GID or a fabric IP off ConnectX-7 stops the rank with the reason.
     - The API key is read from a mounted 0600 file (head only), so it is never part of a Pulumi
       input, a docker label or `docker inspect` args: `key="arg"` appends `--api-key <key>`
       (SGLang), `key="env:NAME"` exports it as NAME (vLLM reads VLLM_API_KEY), None ignores it.
     """
-    script = "set -eu\n" + _GID_LOOKUP.replace("__SYSFS__", shlex.quote(sysfs))
+    script = "set -eu\n" + rails_env(sysfs)
     quoted = shlex.quote(key_file)
     if key == "arg":
         script += f'if [ -r {quoted} ]; then\n  set -- "$@" --api-key "$(cat {quoted})"\nfi\n'
@@ -570,9 +586,8 @@ def vllm_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     node = cfg.nodes[rank]
     env = {
         **nccl_env(cfg),
-        "VLLM_HOST_IP": node.fabric_ip,  # Ray and vLLM pick this node's fabric address, not the first IP
-        "HOST_IP": node.fabric_ip,
-        "TP_SOCKET_IFNAME": cfg.fabric.socket_ifname,
+        **plane_env(cfg, rank),
+        "VLLM_HOST_IP": fabric.bootstrap_ip(cfg, rank),  # Ray and vLLM bind this address, not the first NIC's
         "DSPARK_CHECKPOINT_REVISION": cfg.model.revision,
         "NODE_RANK": str(rank),
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
@@ -580,7 +595,7 @@ def vllm_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     if s.distributed_executor_backend == "ray":
         env.update({
             "RAY_memory_monitor_refresh_ms": "0",  # unified memory: Ray's OOM killer would kill the engine
-            "RAY_ADDRESS": f"{head(cfg).fabric_ip}:{s.ray_port}",
+            "RAY_ADDRESS": f"{fabric.bootstrap_ip(cfg, 0)}:{s.ray_port}",
             "RAY_PORT": str(s.ray_port),
             "DSPARK_RAY_NODES": str(len(cfg.nodes)),
         })
@@ -636,7 +651,7 @@ def vllm_mp_args(cfg: ClusterConfig, rank: int) -> list[str]:
     serve` with the same flags; node 0 serves the API, the others run --headless."""
     s = cfg.serving
     args = ["--nnodes", str(len(cfg.nodes)), "--node-rank", str(rank),
-            "--master-addr", head(cfg).fabric_ip, "--master-port", str(s.dist_port)]  # fmt: skip
+            "--master-addr", fabric.bootstrap_ip(cfg, 0), "--master-port", str(s.dist_port)]  # fmt: skip
     return args + (["--headless"] if rank else [])
 
 
@@ -657,8 +672,9 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
             args = vllm_serve_args(cfg)
         else:
             run, key, role = RAY_WORKER_RUN, None, "ray-worker"
-            args = ["ray", "start", "--block", "--address", f"{head(cfg).fabric_ip}:{cfg.serving.ray_port}",
-                    "--node-ip-address", node.fabric_ip, "--num-gpus", "1", "--disable-usage-stats"]  # fmt: skip
+            args = ["ray", "start", "--block", "--address", f"{fabric.bootstrap_ip(cfg, 0)}:{cfg.serving.ray_port}",
+                    "--node-ip-address", fabric.bootstrap_ip(cfg, rank), "--num-gpus", "1",
+                    "--disable-usage-stats"]  # fmt: skip
         specs.append(
             RankSpec(rank=rank, node=node.name, container_name=container_name(stack, rank), image=cfg.image,
                      entrypoint=["/bin/sh", "-c", launch_wrapper(run, key=key), role], args=args,
@@ -678,7 +694,7 @@ def rank_checks(cfg: ClusterConfig, spec: RankSpec) -> list[tuple[str, list[str]
         return [("ray", spec.args[1:])]
     checks = [("vllm", spec.args)]
     if cfg.serving.distributed_executor_backend == "ray":
-        checks.insert(0, ("ray", ray_head_args(str(cfg.serving.ray_port), cfg.nodes[spec.rank].fabric_ip)))
+        checks.insert(0, ("ray", ray_head_args(str(cfg.serving.ray_port), fabric.bootstrap_ip(cfg, spec.rank))))
     return checks
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from . import plan
+from . import fabric, plan
 from declared import flags
 from declared.shapes import read_only_problem
 from declared.config import LOCAL, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
@@ -112,7 +112,11 @@ def _unique(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
 def _fabric_ip(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out = []
     for i, node in enumerate(cfg.nodes):
-        for label, value in (("fabricIp", node.fabric_ip), ("nfsServerIp", node.nfs_server_ip)):
+        values = [("fabricIp", node.fabric_ip), ("nfsServerIp", node.nfs_server_ip),
+                  *((f"linkIps[{k}]", ip) for k, ip in enumerate(node.link_ips))]  # fmt: skip
+        if cfg.fabric.bootstrap == "management":
+            values.append(("host", node.host))
+        for label, value in values:
             if value is None:
                 continue
             try:
@@ -121,9 +125,62 @@ def _fabric_ip(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
             except ValueError:
                 bad = True
             if bad:
+                what = ("with fabric.bootstrap: management, dist-init, Ray and NCCL's bootstrap bind the host"
+                        if label == "host" else "NCCL, dist-init and NFS use it")  # fmt: skip
                 out.append(Finding("fabric-ip-is-ipv4", f"nodes[{i}].{label}", value,
-                                   "not a routable IPv4 address (NCCL, dist-init and NFS use it)",
-                                   "use a ConnectX-7 address, e.g. 10.0.0.2"))  # fmt: skip
+                                   f"not a routable IPv4 address ({what})",
+                                   "use the node's IPv4 address, e.g. 10.0.0.2"))  # fmt: skip
+    return out
+
+
+def _subnet(ip: str, prefix: int) -> str | None:
+    try:
+        return str(ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False))
+    except ValueError:
+        return None
+
+
+@rule("fabric-planes")
+def _planes(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
+    """The data plane is complete and apart from the control plane: every pair that exchanges NCCL
+    traffic shares a ConnectX-7 link, one bootstrap address per node reaches every peer, and NFS
+    uses a link the head and the worker share."""
+    out, nodes, p = [], cfg.nodes, cfg.fabric.prefix_length
+    n = len(nodes)
+    if n < 2:
+        return out
+    need = [(i, (i + 1) % n) for i in range(n)] if cfg.topology == "ring" else \
+        [(a, b) for a in range(n) for b in range(a + 1, n)]  # fmt: skip
+    for a, b in sorted({tuple(sorted(x)) for x in need}):
+        if fabric.link(cfg, a, b) is None:
+            out.append(Finding("fabric-planes", f"nodes[{b}].fabricIp", nodes[b].fabric_ip,
+                               f"{nodes[a].name} and {nodes[b].name} have no data-plane addresses in one /{p} subnet, so "
+                               "NCCL traffic between them has no ConnectX-7 link",
+                               f"give each its address on their link ({'linkIps' if cfg.topology == 'direct' else 'fabricIp'}), "
+                               "or cable both to the RoCE switch"))  # fmt: skip
+    subnets = {_subnet(x.fabric_ip, p) for x in nodes}
+    if cfg.fabric.bootstrap == "fabric" and len(subnets) > 1:
+        out.append(Finding("fabric-planes", "fabric.bootstrap", "fabric",
+                           f"the fabricIps are on {len(subnets)} /{p} subnets ({', '.join(sorted(map(str, subnets)))}): "
+                           "dist-init, Ray and NCCL's bootstrap need one address per node that every peer reaches",
+                           "set fabric.bootstrap: management for a triangle or ring (bootstrap over the hosts, as the "
+                           "reference does; NCCL still moves data over ConnectX-7), or put every fabricIp on one switch "
+                           "subnet"))  # fmt: skip
+    for i, node in enumerate(nodes):
+        if node.host == node.fabric_ip:
+            out.append(Finding("fabric-planes", f"nodes[{i}].fabricIp", node.fabric_ip,
+                               "equals the node's host: control and data plane on one address. If that is the 10 GbE "
+                               "management link, NCCL, dist-init and the checkpoint would cross it (preflight fails "
+                               "when the address is not on ConnectX-7)",
+                               "set fabricIp to the node's address on its cabled ConnectX-7 port", "warning"))  # fmt: skip
+        if i and node.nfs_server_ip and cfg.share.mode == "nfs":
+            lk = fabric.link(cfg, 0, i)
+            if lk is None or lk.a_ip != node.nfs_server_ip:
+                out.append(Finding("fabric-planes", f"nodes[{i}].nfsServerIp", node.nfs_server_ip,
+                                   f"is not the head's address on its link with {node.name} (the export lists "
+                                   f"{node.name}'s address on that link, so the mount would be refused)",
+                                   f"remove it (default: {lk.a_ip if lk else 'the shared link'}) or use the head's "
+                                   "fabricIp/linkIps address that shares a subnet with this worker"))  # fmt: skip
     return out
 
 
@@ -311,9 +368,11 @@ def _nfs_ro(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
 
 MANAGED_ENV = {
     "NODE_RANK", "NNODES", "TP_SIZE", "EP_SIZE", "HOST_IP", "DSV41_SOURCE", "DSV41_PACKED_DIR", "VLLM_HOST_IP",
-    "RAY_ADDRESS", "RAY_PORT", "DSPARK_RAY_NODES", "DSPARK_CHECKPOINT_REVISION",
-    # from the fabric section, validated there
+    "RAY_ADDRESS", "RAY_PORT", "DSPARK_RAY_NODES", "DSPARK_CHECKPOINT_REVISION", "SGLANG_HOST_IP",
+    "DSPARK_FABRIC_IP", "DSPARK_BOOTSTRAP_IP", "DSPARK_LINK_IPS",
+    # from the fabric section, validated there (or found on the node at rank start)
     "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_IB_GID_INDEX",
+    "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_ADDR_FAMILY",
 }  # fmt: skip
 SECRET_ENV = {"API_KEY", "SGLANG_API_KEY", "OPENAI_API_KEY", "VLLM_API_KEY", "HF_TOKEN"}
 

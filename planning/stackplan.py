@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from . import commands, plan, routing
+from . import commands, fabric, plan, routing
 from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
@@ -88,6 +88,8 @@ class GroupPlan:
     # with programs/argcheck.py on stdin)
     argchecks: tuple[str, ...] = ()
     argcheck_program: str = ""
+    # where Pulumi runs: RDMA bandwidth between linked nodes before the group starts (commands.fabric_gate)
+    fabric_gate: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class StackPlan:
     readiness: ReadinessPlan
     memory: plan.MemoryPlan
     name: Optional[str] = None  # the group's name in a stack with `groups`; None: the stack is one group
+    planes: str = ""  # which network carries what, and the checkpoint's modelled boot read (fabric.summary)
 
     @property
     def group_name(self) -> str:
@@ -190,6 +193,7 @@ def build(
     `stack` is the name its resources carry (the stack's, or `<stack>-<group>`); `routed`: behind the
     router (SGLang then serves /metrics, which the drain reads)."""
     specs = tuple(plan.group_specs(cfg, stack, metrics=routed))
+    memory = plan.memory_plan(cfg)
     revision = plan.group_revision(list(specs), plan.image_build_digest(cfg))
     ssh_opts = tuple(commands.ssh_opts(cfg))
     nodes = tuple(
@@ -236,10 +240,12 @@ def build(
                 for spec in specs
             ),
             argcheck_program=ARGCHECK_PROGRAM,
+            fabric_gate=commands.fabric_gate(cfg),
         ),
         readiness=ReadinessPlan(commands.readiness(cfg, stack), cfg.readiness.timeout_seconds // 60 + 5),
-        memory=plan.memory_plan(cfg),
+        memory=memory,
         name=group,
+        planes=fabric.summary(cfg, memory.ranks[0].weights_gib),
     )
 
 

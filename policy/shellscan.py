@@ -11,6 +11,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 _PUNCT = "();<>|&\n"
@@ -69,9 +70,58 @@ def _strip_wrappers(argv: list[str]) -> list[str]:
     return argv
 
 
+# Programs of this repository a script may feed to an interpreter on stdin (a quoted heredoc): read
+# here, so a body that differs from them by one byte is not trusted. Each only reads the node.
+TRUSTED_PROGRAMS = {
+    (Path(__file__).resolve().parents[1] / "programs" / name).read_text(): name for name in ("rails.py",)
+}
+_HEREDOC = re.compile(r"<<-?\s*(['\"])([A-Za-z_][A-Za-z0-9_]*)\1")
+INTERPRETERS = {"python3", "python"}
+
+
+def split_heredocs(script: str) -> Optional[tuple[str, list[tuple[str, str]]]]:
+    """(the script without its quoted heredoc bodies, [(the line that reads one, its body)]). A quoted
+    heredoc is data (no expansion); what reads it decides what it is. None: one without its
+    delimiter line."""
+    lines, out, bodies, i = script.split("\n"), [], [], 0
+    while i < len(lines):
+        line = lines[i]
+        m = _HEREDOC.search(line)
+        if m is None:  # (an unquoted heredoc stays in the script: the checks read it as they can)
+            out.append(line)
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j] == m.group(2)), None)
+        if end is None:
+            return None
+        bodies.append((line, "\n".join(lines[i + 1:end]) + "\n"))
+        out.append(line[:m.start()] + line[m.end():])
+        i = end + 1
+    return "\n".join(out), bodies
+
+
+def heredoc_reader(line: str) -> Optional[str]:
+    """What reads a heredoc on `line`: "shell", "python" or None (anything else)."""
+    words = [posixpath.basename(w) for w in re.split(r"[\s;|&()$]+", line)]
+    runs = [w for w in words if w in SHELLS | INTERPRETERS]
+    return None if not runs else ("python" if runs[0] in INTERPRETERS else "shell")
+
+
 def parse_script(script: str) -> Optional[list[SimpleCommand]]:
-    """The simple commands of a POSIX sh script, in order; None when it cannot be tokenized."""
-    tokens = _tokens(script)
+    """The simple commands of a POSIX sh script, in order; None when it cannot be tokenized. A quoted
+    heredoc fed to a shell is read as part of the script; one fed to Python must be one of
+    TRUSTED_PROGRAMS (else None: the policy cannot account for it); anything else reads it as data."""
+    split = split_heredocs(script)
+    if split is None:
+        return None
+    text = split[0]
+    for line, body in split[1]:
+        reader = heredoc_reader(line)
+        if reader == "shell":
+            text += "\n" + body
+        elif reader == "python" and body not in TRUSTED_PROGRAMS:
+            return None  # (anything else reads it as data: `cat > file` and the like)
+    tokens = _tokens(text)
     if tokens is None:
         return None
     commands: list[SimpleCommand] = []

@@ -536,7 +536,7 @@ def test_doctor_finds_a_stale_nfs_checkpoint_mount(tmp_path, stat, expect):
     assert code == 1
     (f,) = doc["findings"]
     assert (f["node"], f["check"]) == ("spark3", "nfs-stale") and expect in f["what"]
-    assert "exportfs -v" in f["fix"] and "10.0.0.1" in f["fix"]
+    assert "exportfs -v" in f["fix"] and "10.0.23.1" in f["fix"]  # the head on spark3's link
     # non-root user: the stat runs through sudo -n
     (probe_cmd,) = [c[3] for c in fake.calls if c[0] == "zurih@10.0.0.3" and "docker volume inspect" in c[3]]
     assert "sudo -n timeout -k 2 5 stat -f" in shlex.split(probe_cmd)[2]

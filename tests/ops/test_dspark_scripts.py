@@ -80,7 +80,7 @@ def test_the_programs_preflight_output_is_parsed(tmp_path):
     ok, failed = dnodes.parse_preflight(r.stdout + r.stderr)
     assert r.returncode == 1
     names = [c for c, _ in failed]
-    assert {"docker", "gpu", "fabric-link", "checkpoint-config"} <= set(names)
+    assert {"docker", "gpu", "fabric-ip", "checkpoint-config"} <= set(names)  # no 10.0.22.1 here
     assert set(ok) | set(names) == set(dnodes.preflight_checks(script))
     docker_msg = dict(failed)["docker"]
     assert "; install docker" in docker_msg

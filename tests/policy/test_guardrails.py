@@ -94,10 +94,10 @@ def test_cap_add_all_counts_as_privileged(recordings):
 @pytest.mark.parametrize(
     "edit, expect",
     [
-        (lambda s: s.replace("10.0.0.2(", "*("), "exported to *"),
+        (lambda s: s.replace("10.0.22.2(", "*("), "exported to *"),
         (lambda s: s.replace("(ro,", "(rw,"), "read-write"),
-        (lambda s: s.replace("10.0.0.3(ro,", "10.0.0.0/24(ro,"), "10.0.0.0/24"),
-        (lambda s: s.replace("10.0.0.4(ro,", "(ro,"), "everyone"),
+        (lambda s: s.replace("10.0.22.3(ro,", "10.0.22.0/24(ro,"), "10.0.22.0/24"),
+        (lambda s: s.replace("10.0.22.4(ro,", "(ro,"), "everyone"),
         (lambda s: s.replace("(ro,sync", "(sync"), "without an explicit 'ro'"),
     ],
     ids=["wildcard", "read-write", "network", "anonymous-client", "no-ro"],
@@ -115,7 +115,7 @@ def test_world_visible_or_writable_exports_are_refused(recordings, edit, expect)
     [
         ("exportfs -o rw,sync '*:/home/zurih/NewModels/DS4.1'\n", "exported to *"),
         ("echo '/srv/x' >> /etc/exports\n", "every host"),
-        ("cat > /etc/exports.d/x.exports <<EOF\n/srv/x 10.0.0.2(ro)\nEOF\n", "cannot read"),
+        ("cat > /etc/exports.d/x.exports <<EOF\n/srv/x 10.0.22.2(ro)\nEOF\n", "cannot read"),
         ("sudo -n cp /tmp/x.exports /etc/exports.d/x.exports && exportfs -ra\n", "cannot verify"),
     ],
     ids=["exportfs-o", "echo-no-clients", "heredoc", "cp"],
@@ -367,3 +367,18 @@ def test_the_pack_and_the_program_judge_the_api_key_alike(recordings):
     found = guardrails.check_no_plain_secrets(as_args(head), {}, facts)
     assert any("must not start with '-'" in m for m in found), found
     assert guardrails.check_no_plain_secrets(as_args(head), {}, facts_for("tp4")) == []
+
+
+def test_a_python_heredoc_is_trusted_only_when_it_is_the_repositorys_own_program(recordings):
+    """The preflight feeds programs/rails.py to python3 in a quoted heredoc: byte for byte that program
+    passes; any other body cannot be accounted for, and a shell-fed body is read as script."""
+    preflight = recordings["tp4"].named("tp4-spark2-preflight")
+    create = preflight.plain["create"]
+    assert "<<'DSPARK_RAILS'" in create
+    assert run_policy("checkpoint-never-deleted", preflight) == []
+    tampered = create.replace("import argparse\n", "import argparse\nimport shutil; shutil.rmtree('/x')\n")
+    found = run_policy("checkpoint-never-deleted", changed(preflight, create=tampered + "rm -f /tmp/x\n"))
+    assert any("cannot be parsed" in m for m in found), found
+    via_sh = "sh <<'EOF'\nrm -rf /home/zurih/NewModels/DS4.1\nEOF\n"
+    found = run_policy("checkpoint-never-deleted", changed(preflight, create=via_sh))
+    assert found and "cannot be parsed" not in found[0], found

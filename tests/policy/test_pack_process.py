@@ -165,7 +165,7 @@ def test_privileged_is_allowed_through_policy_config(pack, tp4):
 def test_world_readable_export_and_checkpoint_delete_are_refused(pack, tp4):
     configure(pack)
     export = tp4.named("tp4-checkpoint-export")
-    bad = changed(export, create=export.inputs["create"].replace("10.0.0.2(ro,", "*(rw,"),
+    bad = changed(export, create=export.inputs["create"].replace("10.0.22.2(ro,", "*(rw,"),
                   delete="rm -rf /home/zurih/NewModels/DS4.1\n")  # fmt: skip
     names = sorted(d.policyName for d in pack.Analyze(analyze_request(bad)).diagnostics)
     nfs = "nfs-exports-read-only-to-named-hosts"

@@ -168,8 +168,8 @@ def test_an_unchanged_config_previews_no_changes(baseline):
     steps = plan_steps(baseline, again)
     assert {s.op for s in steps.values()} == {"same"}
     # 4 x (docker provider, preflight, image, volume, engram shard, argcheck, rank) + export, api key file,
-    # group generation, readiness
-    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 7 + 4
+    # group generation, fabric gate, readiness
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 7 + 5
 
 
 def test_the_model_catches_a_forced_replacement():
@@ -207,7 +207,8 @@ def test_a_serving_change_replaces_exactly_the_rank_containers(baseline, change)
     # labels hold its ID), and the readiness probe (its triggers are the ranks' IDs) runs again.
     # Each node's read-only preflight is triggered by the revision: every group (re)start is checked first.
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}
-    group = {"tp4-sglang-generation", "tp4-readiness-check"}
+    # the fabric gate (its trigger is the revision) measures the rails again before the new ranks start
+    group = {"tp4-sglang-generation", "tp4-sglang-fabric-check", "tp4-readiness-check"}
     assert by_op(steps, "replace") == ranks | group | preflights
     generation = next(s for s in steps.values() if s.resource.name == "tp4-sglang-generation")
     assert generation.changed == ["create", "triggers"] and generation.resource.inputs["triggers"][0] == new_rev
@@ -248,16 +249,16 @@ def test_a_rank_shown_with_a_plain_key_would_leak_into_the_diff(baseline):
 
 def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group(baseline):
     cluster = cluster_of("tp4")
-    cluster["nodes"][3]["fabricIp"] = "10.0.0.14"
+    cluster["nodes"][3]["fabricIp"] = "10.0.22.14"
     after = run_program("tp4", cluster=cluster)
     steps = plan_steps(baseline, after)
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}  # re-checked before every group start
-    group = {"tp4-sglang-generation", "tp4-readiness-check"}
+    group = {"tp4-sglang-generation", "tp4-sglang-fabric-check", "tp4-readiness-check"}
     assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | group | preflights
     # the export's create changed, its triggers did not; rank 3's argcheck runs with its new HOST_IP
     assert by_op(steps, "update") == {"tp4-checkpoint-export", "tp4-sglang-rank3-argcheck"}
     export = next(s for s in steps.values() if s.resource.name == "tp4-checkpoint-export")
-    assert export.changed == ["create"] and "10.0.0.14(ro," in export.resource.inputs["create"]
+    assert export.changed == ["create"] and "10.0.22.14(ro," in export.resource.inputs["create"]
     assert not any(s.op != "same" for s in steps.values() if s.resource.type in (VOLUME, IMAGE))
 
 
@@ -288,11 +289,12 @@ def test_a_checkpoint_revision_change_replaces_the_group_too(baseline):
 
 
 def _group_restart(group: str) -> set[str]:
-    """What restarting one group of tp4x2 replaces: its ranks, generation, readiness, router membership
-    and each node's preflight."""
+    """What restarting one group of tp4x2 replaces: its ranks, generation, fabric gate, readiness, router
+    membership and each node's preflight."""
     nodes = range(1, 5) if group == "a" else range(5, 9)
     return ({f"tp4x2-{group}-sglang-rank{i}" for i in range(4)} | {f"tp4x2-{group}-spark{n}-preflight" for n in nodes}
-            | {f"tp4x2-{group}-sglang-generation", f"tp4x2-{group}-readiness-check", f"tp4x2-{group}-router-member"})  # fmt: skip
+            | {f"tp4x2-{group}-sglang-generation", f"tp4x2-{group}-readiness-check", f"tp4x2-{group}-router-member",
+               f"tp4x2-{group}-sglang-fabric-check"})  # fmt: skip
 
 
 def test_a_change_to_one_group_of_tp4x2_leaves_the_other_group_and_the_router_alone():

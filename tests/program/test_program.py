@@ -70,7 +70,8 @@ def test_one_rank_container_per_node_on_that_nodes_provider(sg_rec, sg_stack):
         assert flag(args, "--node-rank") == str(rank)
         assert flag(args, "--nnodes") == str(n)
         assert flag(args, "--tp") == str(n)
-        assert flag(args, "--dist-init-addr") == f"{cfg['nodes'][0]['fabricIp']}:20000"
+        boot = cfg["nodes"][0]["host" if cfg["fabric"].get("bootstrap") == "management" else "fabricIp"]
+        assert flag(args, "--dist-init-addr") == f"{boot}:20000"
         assert res.inputs["name"] == f"{sg_stack}-rank{rank}"
         assert labels["deepseek-spark.role"] == ("head" if rank == 0 else "worker")
 
@@ -95,7 +96,9 @@ def test_rank_container_settings(rec):
         ulimits = {u["name"]: (u["soft"], u["hard"]) for u in i["ulimits"]}
         assert ulimits["memlock"] == (-1, -1) and ulimits["stack"] == (67108864, 67108864)
         env = dict(e.split("=", 1) for e in i["envs"])
-        assert env["NCCL_IB_HCA"] and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"]
+        # the rails and socket interface are found on the node at every start (programs/rails.py)
+        assert "NCCL_IB_HCA" not in env and "NCCL_SOCKET_IFNAME" not in env and env["DSPARK_FABRIC_IP"]
+        assert env["NCCL_IB_ROCE_VERSION_NUM"] == "2" and "DSPARK_RAILS" in i["entrypoints"][2]
         assert env["NCCL_BUFFSIZE"] == "1048576" and env["NCCL_LL128_BUFFSIZE"] == "262144"
         mounts = {m["target"]: m for m in i["mounts"]}
         assert mounts[plan.MODEL_MOUNT]["readOnly"] is True and mounts[plan.MODEL_MOUNT]["type"] == "volume"
@@ -192,7 +195,7 @@ def test_nfs_export_lists_exactly_the_worker_fabric_ips_read_only(sg_rec, sg_sta
 
 def test_checkpoint_volumes_bind_on_head_nfs_on_workers(sg_rec, sg_stack):
     cfg = cluster_of(sg_stack)
-    head_fabric = cfg["nodes"][0]["fabricIp"]
+    heads = [cfg["nodes"][0]["fabricIp"], *cfg["nodes"][0].get("linkIps", [])]
     export_urn = sg_rec.named(f"{sg_stack}-checkpoint-export").urn
     for rank, node in enumerate(cfg["nodes"]):
         v = sg_rec.named(f"{sg_stack}-checkpoint-{node['name']}")
@@ -203,7 +206,9 @@ def test_checkpoint_volumes_bind_on_head_nfs_on_workers(sg_rec, sg_stack):
             assert opts == {"type": "none", "o": "bind", "device": cfg["model"]["checkpointDir"]}
         else:
             assert opts["type"] == "nfs" and opts["device"] == f":{cfg['model']['checkpointDir']}"
-            assert opts["o"].startswith(f"addr={head_fabric},nfsvers=4.2,ro,")
+            # the head's address on the link it shares with this worker (tp3: one /24 per cable)
+            server = next(ip for ip in heads if ip.rsplit(".", 1)[0] == node["fabricIp"].rsplit(".", 1)[0])
+            assert opts["o"].startswith(f"addr={server},nfsvers=4.2,ro,")
             assert export_urn in v.dependencies
 
 
@@ -315,7 +320,7 @@ def test_components_follow_naming_and_tokens(rec, stack):
     engine = ("EngramShards", "SglangGroup") if cluster_of(stack)["engine"] == "sglang" else ("VllmRayGroup",)
     assert {r.type for r in comps} == {
         f"deepseek-spark:index:{c}"
-        for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "Readiness", *engine)
+        for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "Readiness", "FabricGate", *engine)
     }  # fmt: skip
     by_urn = {r.urn: r for r in rec.resources}
     for r in rec.resources:

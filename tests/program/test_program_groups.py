@@ -133,7 +133,7 @@ def test_one_group_stacks_have_no_router_and_keep_their_names():
     assert rec.named("tp4-sglang-generation") and rec.named("tp4-readiness-check")
     assert all("--enable-metrics" not in r.inputs["command"] for r in rec.of_type(CONTAINER))
     assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision",
-                                "groups", "boot", "prometheus", "client_config"}  # fmt: skip
+                                "groups", "boot", "fabric", "prometheus", "client_config"}  # fmt: skip
     assert rec.outputs["prometheus"] == {"scrape_configs": []}  # SGLang without --enable-metrics, no router
     assert rec.outputs["groups"][0]["name"] == "tp4" and rec.outputs["groups"][0]["revision"] == rec.outputs[
         "group_revision"

@@ -46,8 +46,8 @@ def test_head_serves_vllm_with_the_seed_flags(rec):
 def test_worker_joins_the_head_over_the_fabric(rec):
     head, worker = containers(rec)
     assert worker.provider_urn == rec.named("tp2-spark2-docker").urn
-    assert worker.inputs["command"] == ["ray", "start", "--block", "--address", "10.0.0.1:6379",
-                                        "--node-ip-address", "10.0.0.2", "--num-gpus", "1", "--disable-usage-stats"]  # fmt: skip
+    assert worker.inputs["command"] == ["ray", "start", "--block", "--address", "10.0.22.1:6379",
+                                        "--node-ip-address", "10.0.22.2", "--num-gpus", "1", "--disable-usage-stats"]  # fmt: skip
     assert "VLLM_API_KEY" not in worker.inputs["entrypoints"][2]
 
 
@@ -56,10 +56,10 @@ def test_fabric_env_per_node(rec):
     for rank, res in enumerate(containers(rec)):
         env = env_of(res)
         assert env["VLLM_HOST_IP"] == cfg["nodes"][rank]["fabricIp"]
-        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
-        assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
+        # both twins and the socket interface are found on the node at every start, from the fabric IP
+        assert "NCCL_IB_HCA" not in env and env["DSPARK_FABRIC_IP"] == cfg["nodes"][rank]["fabricIp"]
         assert env["RAY_memory_monitor_refresh_ms"] == "0"  # no Ray OOM killer on unified memory
-        assert env["RAY_ADDRESS"] == "10.0.0.1:6379" and env["DSPARK_RAY_NODES"] == "2"
+        assert env["RAY_ADDRESS"] == "10.0.22.1:6379" and env["DSPARK_RAY_NODES"] == "2"
 
 
 def test_worker_depends_on_head_not_the_reverse(rec):

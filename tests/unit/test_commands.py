@@ -12,6 +12,8 @@ from planning import commands, plan
 from declared.config import parse_cluster
 from harness import cluster_of
 
+import fakefabric
+
 STUBS = {
     "docker": 'case "$1" in info) echo 28.0;; ps) [ -n "${MINE:-}" ] && echo abc123;; esac; exit 0',
     "nvidia-smi": (
@@ -19,6 +21,7 @@ STUBS = {
         '--query-compute-apps=*) [ -n "${BUSY:-}" ] && echo 4242;; esac; exit 0'
     ),
     "ethtool": 'printf "Settings for %s:\\n\\tSpeed: %sMb/s\\n\\tLink detected: %s\\n" "$1" "${SPEED:-200000}" "${LINK:-yes}"',
+    "ping": '[ -z "${PING_FAIL:-}" ]',
     "df": 'echo "Filesystem 1024-blocks Used Available Capacity Mounted on"; echo "/dev/nvme0n1 1 1 ${AVAIL_KB:-999999999} 1% /"',
 }
 
@@ -51,15 +54,18 @@ def cfg_for(tmp_path, stack="tp4", **changes):
     return parse_cluster(raw)
 
 
-def run(script, tmp_path, stdin=None, **env):
-    full_env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", **env}
+def run(script, tmp_path, stdin=None, rank=0, **env):
+    """`script` with the stub tools first on PATH; a node with spark<rank+1>'s fabric (tests/fakefabric)."""
+    fake = fakefabric.install(tmp_path / f"fabric{rank}", tmp_path / "bin", fakefabric.spark_ifaces(rank + 1))
+    full_env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", **fake, **env}
     return subprocess.run(["/bin/sh", "-c", script], env=full_env, input=stdin, capture_output=True, text=True)
 
 
 def test_preflight_passes_on_a_healthy_head(node_env):
     out = run(commands.preflight(cfg_for(node_env), "tp4", 0), node_env)
-    for check in ("docker", "gpu", "gpu-idle", "fabric-link", "fabric-speed",
-                  "checkpoint-config", "checkpoint-shards", "engram-space"):  # fmt: skip
+    for check in ("docker", "gpu", "gpu-idle", "fabric-ip", "fabric-rails", "fabric-gid", "fabric-link",
+                  "fabric-link-speed", "fabric-mtu", "fabric-peer", "checkpoint-config", "checkpoint-shards",
+                  "engram-space"):  # fmt: skip
         assert f"preflight spark1: ok {check}" in out.stdout
     # This machine has no RDMA devices: the only failure may be that one, and it must say so.
     if os.path.exists("/dev/infiniband"):
@@ -78,19 +84,20 @@ def test_preflight_passes_on_a_healthy_head(node_env):
         ({"NO_GPU": "1"}, "gpu"),
         ({"BUSY": "1"}, "gpu-idle"),
         ({"LINK": "no"}, "fabric-link"),
-        ({"SPEED": "100000"}, "fabric-speed"),
+        ({"SPEED": "100000"}, "fabric-link-speed"),
+        ({"PING_FAIL": "1"}, "fabric-peer"),
         ({"AVAIL_KB": "1024"}, "engram-space"),
     ],
 )
 def test_preflight_names_node_and_failed_check(node_env, env, check):
-    out = run(commands.preflight(cfg_for(node_env), "tp4", 2), node_env, **env)
+    out = run(commands.preflight(cfg_for(node_env), "tp4", 2), node_env, rank=2, **env)
     assert out.returncode == 1
     assert f"preflight spark3: FAIL {check}:" in out.stderr
     assert "nothing was changed" in out.stderr
 
 
 def test_preflight_gpu_used_by_our_own_rank_is_not_busy(node_env):
-    out = run(commands.preflight(cfg_for(node_env), "tp4", 1), node_env, BUSY="1", MINE="1")
+    out = run(commands.preflight(cfg_for(node_env), "tp4", 1), node_env, rank=1, BUSY="1", MINE="1")
     assert "ok gpu-idle" in out.stdout
 
 
@@ -101,7 +108,7 @@ def test_preflight_counts_checkpoint_shards_on_the_head(node_env):
 
 
 def test_preflight_skips_checkpoint_on_nfs_workers_but_not_in_local_mode(node_env):
-    assert "checkpoint" not in commands.preflight(cfg_for(node_env), "tp4", 1)
+    assert "checkpoint-" not in commands.preflight(cfg_for(node_env), "tp4", 1)
     local = cfg_for(node_env, share={"mode": "local"})
     assert "checkpoint-shards" in commands.preflight(local, "tp4", 1)
 
@@ -118,7 +125,7 @@ def test_export_line_is_read_only_to_exactly_the_workers():
     line = commands.export_line(cfg)
     path, *clients = line.split()
     assert path == "/home/zurih/NewModels/DS4.1"
-    assert [c.split("(")[0] for c in clients] == ["10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    assert [c.split("(")[0] for c in clients] == ["10.0.22.2", "10.0.22.3", "10.0.22.4"]  # their ConnectX-7 addresses
     assert all("(ro," in c for c in clients) and "*" not in line and "rw" not in line.split(",")
 
 
@@ -230,7 +237,7 @@ def test_vllm_preflight_has_no_engram_or_checkpoint_check_when_downloading(node_
     script = commands.preflight(cfg, "tp2", 0)
     assert "engram" not in script and "checkpoint-shards" not in script
     out = run(script, node_env)
-    assert "ok fabric-speed" in out.stdout
+    assert "ok fabric-link-speed" in out.stdout
 
 
 @pytest.fixture
@@ -282,6 +289,15 @@ def _ray_worker_entrypoint():
     return worker.entrypoint
 
 
+def _fabric_env(tmp_path, rank=1):
+    """A node's env for a rank entrypoint: a fake Spark fabric (tests/fakefabric), the rank's planes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = fakefabric.install(tmp_path / "fabric", bin_dir, fakefabric.spark_ifaces(rank + 1))
+    ip = f"10.0.22.{rank + 1}"
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", **fake, "DSPARK_FABRIC_IP": ip, "DSPARK_BOOTSTRAP_IP": ip}
+
+
 def test_ray_worker_waits_for_the_head_then_starts(tmp_path):
     """A head still starting is not a failed group: the worker waits for its GCS port (bounded)."""
     import socket
@@ -291,7 +307,7 @@ def test_ray_worker_waits_for_the_head_then_starts(tmp_path):
     srv.bind(("127.0.0.1", 0))
     port = srv.getsockname()[1]
     entry = _ray_worker_entrypoint()
-    env = {"PATH": os.environ["PATH"], "RAY_ADDRESS": f"127.0.0.1:{port}", "DSPARK_RAY_WAIT": "30"}
+    env = {**_fabric_env(tmp_path), "RAY_ADDRESS": f"127.0.0.1:{port}", "DSPARK_RAY_WAIT": "30"}
 
     def listen_later():
         time.sleep(2.5)
@@ -305,12 +321,12 @@ def test_ray_worker_waits_for_the_head_then_starts(tmp_path):
     srv.close()
 
 
-def test_ray_worker_gives_up_when_the_head_never_answers():
+def test_ray_worker_gives_up_when_the_head_never_answers(tmp_path):
     s = __import__("socket").socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there
-    env = {"PATH": os.environ["PATH"], "RAY_ADDRESS": f"127.0.0.1:{port}", "DSPARK_RAY_WAIT": "1"}
+    env = {**_fabric_env(tmp_path), "RAY_ADDRESS": f"127.0.0.1:{port}", "DSPARK_RAY_WAIT": "1"}
     out = subprocess.run([*_ray_worker_entrypoint(), "echo", "started"], env=env, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 1 and "started" not in out.stdout

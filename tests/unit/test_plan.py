@@ -10,6 +10,8 @@ from planning import plan
 from declared.config import parse_cluster
 from harness import cluster_of
 
+import fakefabric
+
 
 def cfg_of(stack, **serving):
     raw = cluster_of(stack)
@@ -29,7 +31,8 @@ def test_launch_flags_per_rank(stack, n):
         assert _flag(args, "--node-rank") == str(rank)
         assert _flag(args, "--nnodes") == str(n)
         assert _flag(args, "--tp") == str(n)
-        assert _flag(args, "--dist-init-addr") == "10.0.0.1:20000"
+        # tp4: the head's ConnectX-7 address; tp3 (a triangle, fabric.bootstrap: management): its host
+        assert _flag(args, "--dist-init-addr") == {"tp3": "10.0.0.1:20000", "tp4": "10.0.22.1:20000"}[stack]
         assert _flag(args, "--port") == "8888"
         assert _flag(args, "--speculative-algorithm") == "DSPARK"
         assert _flag(args, "--speculative-dspark-block-size") == "3"
@@ -56,7 +59,7 @@ def test_nccl_tuned_buffers_and_ring_mode():
     cfg = cfg_of("tp4")
     env = plan.nccl_env(cfg)
     assert env["NCCL_BUFFSIZE"] == "1048576" and env["NCCL_PROTO"] == "^LL128"
-    assert env["NCCL_IB_HCA"] == "rocep1s0f0,rocep1s0f1" and env["GLOO_SOCKET_IFNAME"] == "enP7s7"
+    assert "NCCL_IB_HCA" not in env and "GLOO_SOCKET_IFNAME" not in env  # found on the node at every start
     assert "NCCL_ALGO" not in env and "NCCL_IB_GID_INDEX" not in env
     raw = cluster_of("tp4")
     raw["topology"] = "ring"
@@ -70,7 +73,7 @@ def test_nccl_tuned_buffers_and_ring_mode():
 def test_rank_env_per_node_and_extra_env_override():
     cfg = cfg_of("tp4", extraEnv={"NCCL_DEBUG": "INFO"})
     env = plan.rank_env(cfg, 2)
-    assert env["HOST_IP"] == "10.0.0.3" and env["NODE_RANK"] == "2"
+    assert env["HOST_IP"] == env["SGLANG_HOST_IP"] == "10.0.22.3" and env["NODE_RANK"] == "2"
     assert env["NCCL_DEBUG"] == "INFO" and env["OFFLOAD_MODE"] == "nvme"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
 
@@ -131,53 +134,51 @@ def test_only_rank0_mounts_the_api_key():
     assert all(s.restart == "no" and s.network_mode == "host" and s.ipc_mode == "host" for s in specs)
 
 
-def _run_wrapper(tmp_path, env, key=None, sysfs=None):
+def _run_wrapper(tmp_path, env, key=None, gid_at=None, ifaces=None, check=True):
+    """The SGLang entrypoint on a fake spark1 (tests/fakefabric); the server is a stub printing what it got."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "python3").write_text('#!/bin/sh\necho "GID=$NCCL_IB_GID_INDEX"\nprintf "ARG=%s\\n" "$@"\n')
-    (bin_dir / "python3").chmod(0o755)
+    fake = fakefabric.install(tmp_path / "fabric", bin_dir, ifaces or fakefabric.spark_ifaces(1), gid_at=gid_at)
+    (bin_dir / "server").write_text('#!/bin/sh\necho "HCA=$NCCL_IB_HCA GID=${NCCL_IB_GID_INDEX:-} '
+                                    'IF=$NCCL_SOCKET_IFNAME GLOO=$GLOO_SOCKET_IFNAME"\nprintf "ARG=%s\\n" "$@"\n')
+    (bin_dir / "server").chmod(0o755)
     key_file = tmp_path / "key"
     if key is not None:
         key_file.write_text(key)
-    script = plan.launch_wrapper(key_file=str(key_file), sysfs=str(sysfs or tmp_path / "no-sysfs"))
-    out = subprocess.run(
+    script = plan.launch_wrapper('exec server "$@"', key_file=str(key_file))
+    planes = {"DSPARK_FABRIC_IP": "10.0.22.1", "DSPARK_BOOTSTRAP_IP": "10.0.22.1", "NODE_RANK": "0"}
+    return subprocess.run(
         ["/bin/sh", "-c", script, "sglang-launch", "--tp", "4"],
-        env={"PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
-        capture_output=True, text=True, check=True,
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}", **fake, **planes, **env},
+        capture_output=True, text=True, check=check,
     )  # fmt: skip
-    return out.stdout
 
 
-def test_wrapper_appends_key_from_file_and_defaults_gid(tmp_path):
-    out = _run_wrapper(tmp_path, {"HOST_IP": "10.0.0.1", "NCCL_IB_HCA": "rocep1s0f0"}, key="sk-abc")
-    assert "GID=3" in out
+def test_wrapper_exports_both_twins_their_gid_and_the_socket_interface_then_appends_the_key(tmp_path):
+    out = _run_wrapper(tmp_path, {}, key="sk-abc").stdout
+    assert "HCA=rocep1s0f1,roceP2p1s0f1 GID=3 IF=enp1s0f1np1 GLOO=enp1s0f1np1" in out
     assert out.splitlines()[-4:] == ["ARG=--tp", "ARG=4", "ARG=--api-key", "ARG=sk-abc"]
 
 
 def test_wrapper_without_key_file_passes_no_key(tmp_path):
-    out = _run_wrapper(tmp_path, {"HOST_IP": "10.0.0.2"})
-    assert "--api-key" not in out
+    assert "--api-key" not in _run_wrapper(tmp_path, {}).stdout
 
 
-def test_wrapper_finds_the_roce_v2_gid_of_the_node_ip(tmp_path):
-    port = tmp_path / "sys" / "rocep1s0f1" / "ports" / "1"
-    (port / "gids").mkdir(parents=True)
-    (port / "gid_attrs" / "types").mkdir(parents=True)
-    gids = {
-        "0": ("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
-        "2": ("0000:0000:0000:0000:0000:ffff:0a00:0002", "IB/RoCE v1"),
-        "5": ("0000:0000:0000:0000:0000:ffff:0a00:0002", "RoCE v2"),
-    }
-    for i, (gid, kind) in gids.items():
-        (port / "gids" / i).write_text(gid + "\n")
-        (port / "gid_attrs" / "types" / i).write_text(kind + "\n")
-    out = _run_wrapper(tmp_path, {"HOST_IP": "10.0.0.2", "NCCL_IB_HCA": "rocep1s0f0,rocep1s0f1"},
-                       sysfs=tmp_path / "sys")  # fmt: skip
+def test_wrapper_finds_the_roce_v2_gid_wherever_it_sits(tmp_path):
+    out = _run_wrapper(tmp_path, {}, gid_at={"rocep1s0f1": 2, "roceP2p1s0f1": 2}).stdout  # at index 5
     assert "GID=5" in out
 
 
-def test_wrapper_keeps_a_pinned_gid(tmp_path):
-    assert "GID=7" in _run_wrapper(tmp_path, {"NCCL_IB_GID_INDEX": "7", "HOST_IP": "10.0.0.2"})
+def test_wrapper_keeps_what_the_fabric_section_pins(tmp_path):
+    out = _run_wrapper(tmp_path, {"NCCL_IB_GID_INDEX": "3", "NCCL_IB_HCA": "rocep1s0f1"}).stdout
+    assert "HCA=rocep1s0f1 GID=3" in out
+
+
+def test_wrapper_stops_the_rank_when_the_fabric_ip_is_not_on_connectx7(tmp_path):
+    out = _run_wrapper(tmp_path, {"DSPARK_FABRIC_IP": "10.0.0.1"}, check=False)
+    assert out.returncode == 1 and "ARG=" not in out.stdout
+    assert "FAIL ip: fabricIp 10.0.0.1 is on enP7s7, which is not a ConnectX-7 interface" in out.stderr
+    assert "rank 0: the fabric is not usable (above); not starting" in out.stderr
 
 
 def test_vllm_specs_head_serves_worker_joins():
@@ -189,7 +190,7 @@ def test_vllm_specs_head_serves_worker_joins():
     assert worker.args[:4] == ["ray", "start", "--block", "--address"]
     assert [m.target for m in head.mounts] == [plan.MODEL_MOUNT, plan.API_KEY_MOUNT]
     assert [m.target for m in worker.mounts] == [plan.MODEL_MOUNT]
-    assert head.env["VLLM_HOST_IP"] == "10.0.0.1" and worker.env["VLLM_HOST_IP"] == "10.0.0.2"
+    assert head.env["VLLM_HOST_IP"] == "10.0.22.1" and worker.env["VLLM_HOST_IP"] == "10.0.22.2"
 
 
 def test_vllm_memory_plan_seed_figures():
@@ -212,7 +213,8 @@ def test_vllm_head_wrapper_starts_ray_gates_then_serves(tmp_path):
     log = tmp_path / "log"
     (bin_dir / "ray").write_text(f'#!/bin/sh\necho "ray $*" >> {log}\n')
     (bin_dir / "vllm").write_text(f'#!/bin/sh\necho "vllm $* key=$VLLM_API_KEY" >> {log}\n')
-    (bin_dir / "python3").write_text(f'#!/bin/sh\ncat > /dev/null; echo "gate RAY_ADDRESS=$RAY_ADDRESS" >> {log}\n')
+    (bin_dir / "python3").write_text('#!/bin/sh\ncase "$*" in *--format*) cat > /dev/null; exit 0;; esac\n'
+                                     f'cat > /dev/null; echo "gate RAY_ADDRESS=$RAY_ADDRESS" >> {log}\n')  # fabric: none
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     key = tmp_path / "key"
@@ -220,7 +222,8 @@ def test_vllm_head_wrapper_starts_ray_gates_then_serves(tmp_path):
     script = plan.launch_wrapper(plan.VLLM_HEAD_RUN, key="env:VLLM_API_KEY", key_file=str(key),
                                  sysfs=str(tmp_path / "nosys"))  # fmt: skip
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_PORT": "6379", "VLLM_HOST_IP": "10.0.0.1",
-           "RAY_ADDRESS": "10.0.0.1:6379", "HOST_IP": "10.0.0.1"}  # fmt: skip
+           "RAY_ADDRESS": "10.0.0.1:6379", "HOST_IP": "10.0.0.1", "DSPARK_FABRIC_IP": "10.0.22.1",
+           "DSPARK_BOOTSTRAP_IP": "10.0.22.1"}  # fmt: skip
     subprocess.run(["/bin/sh", "-c", script, "vllm-head", "serve", "/m", "--port", "8000"], env=env, check=True)
     assert log.read_text().splitlines() == [
         "ray start --head --port 6379 --node-ip-address 10.0.0.1 --num-gpus 1 --disable-usage-stats",
@@ -240,7 +243,7 @@ def test_vllm_head_does_not_serve_when_the_ray_gate_fails(tmp_path):
     bin_dir.mkdir()
     log = tmp_path / "log"
     (bin_dir / "ray").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "python3").write_text("#!/bin/sh\ncat > /dev/null; exit 1\n")  # only 1/2 nodes joined
+    (bin_dir / "python3").write_text('#!/bin/sh\ncat > /dev/null; case "$*" in *--format*) exit 0;; esac; exit 1\n')  # 1/2 joined
     (bin_dir / "vllm").write_text(f"#!/bin/sh\necho served >> {log}\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)

@@ -31,7 +31,7 @@ def _duplicate_host(raw):
 
 
 def _tp8(raw):
-    raw["nodes"] = [dict(raw["nodes"][0], name=f"spark{i}", host=f"10.0.0.{i}", fabricIp=f"10.0.0.{i}")
+    raw["nodes"] = [dict(raw["nodes"][0], name=f"spark{i}", host=f"10.0.0.{i}", fabricIp=f"10.0.22.{i}")
                     for i in range(1, 9)]  # fmt: skip
     raw["serving"].update(tpSize=8, epSize=8)
     return raw
@@ -43,6 +43,7 @@ FAILING = {
     "node-count-equals-tp": ("tp4", _set(["serving", "tpSize"], 3), "serving.tpSize"),
     "unique-nodes": ("tp4", _duplicate_host, "nodes[1].host"),
     "fabric-ip-is-ipv4": ("tp4", _set(["nodes", 2, "fabricIp"], "spark3-cx7"), "nodes[2].fabricIp"),
+    "fabric-planes": ("tp3", _set(["fabric", "bootstrap"], "fabric"), "fabric.bootstrap"),
     "ep-divides-tp": ("tp4", _set(["serving", "epSize"], 3), "serving.epSize"),
     "ports-distinct": ("tp4", _set(["serving", "distPort"], 8888), "serving.distPort"),
     "no-ram-offload": ("tp4", _set(["serving", "offloadMode"], "ram"), "serving.offloadMode"),

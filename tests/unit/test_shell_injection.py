@@ -642,7 +642,7 @@ def results(sandboxes):
 
 def test_the_walk_finds_the_string_fields_of_the_model():
     found = {label(p) for p in string_fields()}
-    for expected in ("nodes[].name", "nodes[].host", "model.checkpointDir", "model.hfRepo", "fabric.iface",
+    for expected in ("nodes[].name", "nodes[].host", "model.checkpointDir", "model.hfRepo", "nodes[].linkIps[]",
                      "serving.extraArgs[]", "serving.extraEnv.<key>", "serving.extraEnv.<value>",
                      "imageBuild.args.<key>", "readiness.prompt", "ssh.identityFile", "stateDir", "engine"):  # fmt: skip
         assert expected in found
