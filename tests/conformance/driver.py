@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -28,7 +29,12 @@ def env_names() -> dict:
     names = {}
     if importlib.util.find_spec("sglang"):
         from sglang.srt.environ import envs
-        names["sglang"] = sorted(n for n in dir(type(envs)) if n.isupper())
+        table = {n for n in dir(type(envs)) if n.isupper()}
+        # and the few it reads with os.getenv outside the table (SGLANG_HOST_IP: srt/utils/network.py)
+        src = Path(importlib.util.find_spec("sglang").origin).parent
+        read = {m for f in src.rglob("*.py") for m in re.findall(r"getenv\(\s*[\"'](SGLANG_[A-Z0-9_]+)[\"']",
+                                                                  f.read_text(errors="replace"))}  # fmt: skip
+        names["sglang"] = sorted(table | read)
     if importlib.util.find_spec("vllm"):
         import vllm.envs
         names["vllm"] = sorted(vllm.envs.environment_variables)
