@@ -46,7 +46,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
         ]
         self.image = ServingImage(f"{name}-image", ServingImageArgs(sp.image, self.nodes), child)
         self.share = CheckpointShare(
-            f"{name}-checkpoint", CheckpointShareArgs(stack, sp.export, self.nodes, self.image.images, args.hf_token),
+            f"{name}-checkpoint", CheckpointShareArgs(stack, sp.export, self.nodes, self.image.images, args.hf_token, sp.seed),
             child,
         )
         prerequisites = [*(n.preflight for n in self.nodes), *self.image.images, *self.share.volumes]

@@ -140,6 +140,94 @@ def download(cfg: ClusterConfig, stack: str) -> str:
     )
 
 
+# The head's read-only rsync daemon that seeds the workers' copies (model.source: download, share.mode: local).
+SEED_PORT = 8730
+SEED_MODULE = "checkpoint"
+SEED_HOURS = 24  # the daemon stops by itself after this, even if `up` was interrupted before seed-stop
+
+
+# stop a running seed daemon and wait until it is gone (its port is free again)
+_SEED_KILL = (
+    'if [ -s "$d/rsyncd.pid" ]; then pid=$(cat "$d/rsyncd.pid"); kill "$pid" 2>/dev/null || true\n'
+    '  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; rm -f "$d/rsyncd.pid"; fi\n'
+)
+
+
+def seed_dir(cfg: ClusterConfig, stack: str) -> str:
+    return f"{plan.state_dir(cfg)}/{stack}/checkpoint-seed"
+
+
+def seed_clients(cfg: ClusterConfig) -> list[str]:
+    """The workers' addresses on their links with the head: the only hosts the daemon answers."""
+    return [fabric.link(cfg, 0, r).b_ip if fabric.link(cfg, 0, r) else cfg.nodes[r].fabric_ip
+            for r in range(1, len(cfg.nodes))]  # fmt: skip
+
+
+def seed_start(cfg: ClusterConfig, stack: str) -> str:
+    """On the head, after its download: serve the checkpoint read-only over rsync to exactly the workers'
+    data-plane addresses, so each worker copies it over ConnectX-7 instead of pulling ~400 GiB from
+    the hub. Runs in the background (bounded by SEED_HOURS) until seed_stop."""
+    d = seed_dir(cfg, stack)
+    conf = (f"pid file = {d}/rsyncd.pid\nlog file = {d}/rsyncd.log\nport = {SEED_PORT}\nuse chroot = no\n"
+            f"max connections = {len(cfg.nodes)}\n"
+            f"[{SEED_MODULE}]\n  path = {cfg.model.checkpoint_dir}\n  read only = yes\n  list = no\n"
+            f"  hosts allow = {' '.join(seed_clients(cfg))}\n  hosts deny = *\n")  # fmt: skip
+    return (
+        "set -eu\n"
+        "command -v rsync >/dev/null 2>&1 || "
+        "{ echo 'checkpoint seed: rsync is missing on the head; install rsync (apt install rsync)' >&2; exit 1; }\n"
+        f"d={q(d)}\nmkdir -p \"$d\"\n"
+        + _SEED_KILL +
+        f"printf '%s' {q(conf)} > \"$d/rsyncd.conf\"\n"
+        f'nohup setsid timeout {SEED_HOURS}h rsync --daemon --no-detach --config "$d/rsyncd.conf" '
+        '> "$d/rsyncd.out" 2>&1 < /dev/null &\n'
+        "bg=$!\n"
+        'for _ in $(seq 50); do [ -s "$d/rsyncd.pid" ] && break; kill -0 "$bg" 2>/dev/null || break; sleep 0.2; done\n'
+        "sleep 0.5\n"  # it writes its pid file before it binds the port: still there means it listens
+        'if [ ! -s "$d/rsyncd.pid" ] || ! kill -0 "$bg" 2>/dev/null; then\n'
+        '  echo "checkpoint seed: rsync --daemon did not start:" >&2; cat "$d/rsyncd.log" "$d/rsyncd.out" >&2 || true; exit 1\n'
+        "fi\n"
+        f"echo {q(f'seeding {cfg.model.checkpoint_dir} read-only on port {SEED_PORT} to ' + ' '.join(seed_clients(cfg)))}\n"
+    )
+
+
+def seed_stop(cfg: ClusterConfig, stack: str) -> str:
+    d = seed_dir(cfg, stack)
+    return f"d={q(d)}\n" + _SEED_KILL + "echo 'checkpoint seed stopped'\n"
+
+
+def checkpoint_copy(cfg: ClusterConfig, rank: int) -> str:
+    """On worker `rank`: copy the head's checkpoint over their ConnectX-7 link, once per revision.
+
+    rsync checks every file it moves (whole-file checksum) and keeps partial files, so an interrupted
+    copy resumes; a second, dry pass must then find nothing left to move, and the shard count must
+    match, before the stamp that marks the revision is written."""
+    m = cfg.model
+    lk = fabric.link(cfg, 0, rank)
+    src = f"rsync://{lk.a_ip if lk else cfg.nodes[0].fabric_ip}:{SEED_PORT}/{SEED_MODULE}/"
+    me = lk.b_ip if lk else cfg.nodes[rank].fabric_ip  # the source address: this worker's end of the link
+    return (
+        "set -eu\n"
+        f"dir={q(m.checkpoint_dir)}; stamp=\"$dir/.deepseek-spark-download\"; rev={q(m.revision)}; src={q(src)}; "
+        f"me={q(me)}\n"
+        "count() { ls \"$dir\" 2>/dev/null | grep -c '\\.safetensors$' || true; }\n"
+        f'if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$rev" ] && [ "$(count)" -ge {m.expected_shards} ]; then\n'
+        '  echo "checkpoint at revision $rev already in $dir"; exit 0\n'
+        "fi\n"
+        "command -v rsync >/dev/null 2>&1 || "
+        "{ echo 'checkpoint copy: rsync is missing on this node; install rsync (apt install rsync)' >&2; exit 1; }\n"
+        'mkdir -p "$dir"\n'
+        'rsync -rt --partial --address "$me" --exclude .deepseek-spark-download "$src" "$dir/"\n'
+        'left=$(rsync -rtn --itemize-changes --address "$me" --exclude .deepseek-spark-download "$src" "$dir/" '
+        "| grep -c . || true)\n"
+        f'if [ "$left" -ne 0 ] || [ "$(count)" -lt {m.expected_shards} ]; then\n'
+        f'  echo "checkpoint copy from $src: $(count) of {m.expected_shards} safetensors files, $left left to move" >&2; exit 1\n'
+        "fi\n"
+        "printf '%s\\n' \"$rev\" > \"$stamp\"\n"
+        f"echo {q(f'checkpoint copied from {cfg.nodes[0].name} over ConnectX-7 to ')}\"$dir\"\n"
+    )
+
+
 def exports_file(stack: str) -> str:
     return f"/etc/exports.d/deepseek-spark-{stack}.exports"
 

@@ -117,7 +117,11 @@ def nfs_link(cfg: ClusterConfig, rank: int) -> tuple[str, str, str]:
 
 def checkpoint_path(cfg: ClusterConfig, rank: int) -> dict:
     """How the checkpoint reaches rank `rank` at boot, and what reading it costs (the model above)."""
-    if rank == 0 or cfg.share.mode == "local":
+    if rank > 0 and cfg.share.mode == "local" and cfg.model.source == "download":
+        lk = link(cfg, 0, rank)
+        how, key = f"local disk, copied once per revision from {cfg.nodes[0].name}'s download (rsync)", "nvme"
+        via = f"ConnectX-7 {lk.subnet}" if lk else "unknown (no shared link)"
+    elif rank == 0 or cfg.share.mode == "local":
         how, via, key = "local disk", "", "nvme"
     else:
         server, client, via = nfs_link(cfg, rank)

@@ -21,10 +21,20 @@ ARGCHECK_PROGRAM = (Path(__file__).parent.parent / "programs" / "argcheck.py").r
 
 @dataclass(frozen=True)
 class DownloadPlan:
-    """model.source: download on a node that holds a copy: fetched once per revision."""
+    """model.source: download on a node that holds a copy: fetched once per revision (the head from the
+    hub; with share.mode: local, each worker copies the head's over ConnectX-7: `from_head`)."""
 
     create: str
     triggers: tuple[str, ...]
+    from_head: bool = False
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """The head serving its downloaded checkpoint to the workers' copies (rsync over ConnectX-7)."""
+
+    start: str
+    stop: str
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,7 @@ class StackPlan:
     readiness: ReadinessPlan
     memory: plan.MemoryPlan
     name: Optional[str] = None  # the group's name in a stack with `groups`; None: the stack is one group
+    seed: Optional[SeedPlan] = None  # source: download with share.mode: local and workers
     planes: str = ""  # which network carries what, and the checkpoint's modelled boot read (fabric.summary)
 
     @property
@@ -169,7 +180,10 @@ def _download(cfg: ClusterConfig, stack: str, rank: int) -> Optional[DownloadPla
     if cfg.model.source != "download" or not holds_copy:
         return None
     m = cfg.model
-    return DownloadPlan(commands.download(cfg, stack), (m.hf_repo or "", m.revision, m.checkpoint_dir))
+    triggers = (m.hf_repo or "", m.revision, m.checkpoint_dir)
+    if rank > 0:  # downloaded once, on the head; copied from it over the worker's ConnectX-7 link
+        return DownloadPlan(commands.checkpoint_copy(cfg, rank), triggers, from_head=True)
+    return DownloadPlan(commands.download(cfg, stack), triggers)
 
 
 def _shard(cfg: ClusterConfig, stack: str, rank: int) -> Optional[ShardPlan]:
@@ -246,6 +260,8 @@ def build(
         memory=memory,
         name=group,
         planes=fabric.summary(cfg, memory.ranks[0].weights_gib),
+        seed=SeedPlan(commands.seed_start(cfg, stack), commands.seed_stop(cfg, stack))
+        if any(n.download is not None and n.download.from_head for n in nodes) else None,
     )
 
 

@@ -84,26 +84,35 @@ def test_no_engram_shards_for_vllm(rec):
     assert "engram" not in rec.named("tp2-spark1-preflight").inputs["create"]
 
 
-def test_weights_downloaded_per_node_once_per_revision(rec):
+def test_weights_downloaded_once_on_the_head_and_copied_over_connectx7(rec):
     cfg = cluster_of("tp2")
-    for node in ("spark1", "spark2"):
-        dl = rec.named(f"tp2-checkpoint-download-{node}")
-        assert dl.inputs["triggers"] == [cfg["model"]["hfRepo"], cfg["model"]["revision"], cfg["model"]["checkpointDir"]]
-        assert dl.retain_on_delete and "delete" not in dl.inputs
-        assert "--entrypoint hf " in dl.inputs["create"] and "--revision" in dl.inputs["create"]
+    triggers = [cfg["model"]["hfRepo"], cfg["model"]["revision"], cfg["model"]["checkpointDir"]]
+    dl = rec.named("tp2-checkpoint-download-spark1")
+    assert dl.inputs["triggers"] == triggers and dl.retain_on_delete and "delete" not in dl.inputs
+    assert "--entrypoint hf " in dl.inputs["create"] and "--revision" in dl.inputs["create"]
+    assert not [r for r in rec.of_type(REMOTE) if r.name == "tp2-checkpoint-download-spark2"]  # one hub pull
+    # the head serves its download read-only to spark2's ConnectX-7 address only, after the download
+    seed = rec.named("tp2-checkpoint-seed")
+    assert dl.urn in seed.dependencies and seed.inputs["triggers"] == triggers
+    assert "hosts allow = 10.0.22.2\n" in seed.inputs["create"] and "read only = yes" in seed.inputs["create"]
+    copy = rec.named("tp2-checkpoint-copy-spark2")
+    assert seed.urn in copy.dependencies and copy.retain_on_delete and copy.inputs["triggers"] == triggers
+    assert "rsync://10.0.22.1:8730/checkpoint/" in copy.inputs["create"] and "stdin" not in copy.inputs
+    stop = rec.named("tp2-checkpoint-seed-stop")
+    assert copy.urn in stop.dependencies
+    for node, step in (("spark1", dl), ("spark2", copy)):
         volume = rec.named(f"tp2-checkpoint-{node}")
-        assert dl.urn in volume.dependencies
+        assert step.urn in volume.dependencies
         assert volume.inputs["driverOpts"] == {"type": "none", "o": "bind", "device": cfg["model"]["checkpointDir"]}
     assert not [r for r in rec.of_type(REMOTE) if r.name.endswith("-export")]
     # preflight does not require the weights that the download will fetch
     assert "checkpoint-shards" not in rec.named("tp2-spark1-preflight").inputs["create"]
 
 
-def test_hf_token_reaches_downloads_on_stdin_only(rec):
+def test_hf_token_reaches_the_download_on_stdin_only(rec):
     assert "stdin" not in rec.named("tp2-checkpoint-download-spark1").inputs  # no token configured
     with_token = run_program("tp2", secrets={"hfToken": HF_TOKEN})
-    for node in ("spark1", "spark2"):
-        assert with_token.named(f"tp2-checkpoint-download-{node}").inputs["stdin"] == Secret(HF_TOKEN)
+    assert with_token.named("tp2-checkpoint-download-spark1").inputs["stdin"] == Secret(HF_TOKEN)
     for res in with_token.resources:
         assert not [t for t in plain_strings(res.inputs) if HF_TOKEN in t], res.name
 
