@@ -253,6 +253,20 @@ while [ "$#" -gt 0 ]; do case "$1" in --) shift; break ;; -*) shift ;; *) break 
 exec "$@"
 """,
     "python3": "cat >/dev/null 2>&1; exit 0",
+    # rsync: the head's seed daemon writes its pid file and lingers 2 s; a worker's copy writes the
+    # shards into its destination (only inside the sandbox); the dry re-check finds nothing left
+    "rsync": r"""case " $* " in
+  *" --daemon "*) conf=""; prev=""; for a in "$@"; do [ "$prev" = --config ] && conf=$a; prev=$a; done
+    pid=$(sed -n 's/^pid file = //p' "$conf"); case "$pid" in *..*) ;; __ROOT__/*) echo $$ > "$pid" ;; esac
+    exec /bin/sleep 2 ;;
+  *" -rtn "*) exit 0 ;;
+esac
+for dest in "$@"; do :; done
+case "$dest" in *..*) ;; __ROOT__/*) i=1; while [ "$i" -le 64 ]; do : > "$dest/model-$i.safetensors"; i=$((i + 1)); done ;; esac
+exit 0""",
+    "nohup": 'exec "$@"',
+    "setsid": 'exec "$@"',
+    "timeout": 'while [ "${1#-}" != "$1" ]; do shift; done; shift; exec "$@"',
     "sleep": "exit 0",
     **{name: "exit 0" for name in ("ssh", "scp", "exportfs", "mount", "umount", "ibdev2netdev", "ray", "vllm",
                                    "huggingface-cli", "hf", "systemctl", "ip", "curl", "wget", "nvidia-ctk")},
