@@ -128,15 +128,89 @@ def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_st
     before_ranks, before_shards = containers_of(STACK), shard_mtimes()
     project.set_config("cluster.serving.maxRunningRequests", "3")
     preview = project.preview().check()
-    # What the reviewer reads: the 3 ranks, the group generation, the readiness probe and the 3
-    # preflights replaced; the changed flag value; nothing on disk.
-    assert "+-8 to replace" in resources_summary(preview.text), resources_summary(preview.text)
+    # What the reviewer reads: the 3 ranks, the group generation, the fabric gate, the readiness probe and
+    # the 3 preflights replaced; the changed flag value; nothing on disk.
+    assert "+-9 to replace" in resources_summary(preview.text), resources_summary(preview.text)
     assert '"4" => "3"' in preview.text
     assert "engram" not in "".join(line for line in preview.text.splitlines() if line.lstrip().startswith("+-"))
     run, events = timed_up(project, "sim: serving change, up to answer")
     assert_group_restarted_head_first(events, before_ranks)
     assert shard_mtimes() == before_shards
     assert "42" in ask(first.env)
+
+
+def test_the_ranks_use_both_twins_and_the_gate_measured_every_pair(first, project):
+    """Both RoCE twins of the cabled port in every rank's NCCL env (found on the node at start), and
+    the bandwidth of every pair of nodes over both rails, kept in the `fabric` output."""
+    for rank, node in zip(RANKS, NODES):
+        logs = node_sh(node, f"docker logs {rank} 2>&1")
+        assert ("NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1 NCCL_IB_GID_INDEX=3 NCCL_SOCKET_IFNAME=enp1s0f1np1"
+                in logs), logs[-2000:]  # fmt: skip
+    gate = project.outputs()["fabric"]["sim"]
+    assert gate["ok"] and gate["floorGbps"] == 175
+    pairs = {(p["a"], p["b"]): p for p in gate["pairs"]}
+    assert set(pairs) == {("spark1", "spark2"), ("spark1", "spark3"), ("spark2", "spark3")}
+    for p in pairs.values():
+        assert [r["client"] for r in p["rails"]] == ["rocep1s0f1", "roceP2p1s0f1"] and p["totalGbps"] == 187.0
+    TIMINGS["sim: fabric gate (3 pairs x 2 rails), seconds measuring"] = sum(p["seconds"] for p in pairs.values())
+
+
+# fault -> (how the sim breaks the fabric, what `up` must say); each fails `up` before any rank starts
+FABRIC_FAULTS = {
+    "a twin down": (
+        lambda: sim_cluster.set_rail(CLUSTER, "spark2", "roceP2p1s0f1", state="DOWN"),
+        "preflight spark2: FAIL fabric-rails: roceP2p1s0f1 (enP2p1s0f1np1), twin of rocep1s0f1 on the cabled "
+        "port, is DOWN"),
+    "a port at 100G": (
+        lambda: [sim_cluster.set_rail(CLUSTER, "spark3", rail, speed_mbps=100000, gbps=46.5)
+                 for rail in ("rocep1s0f1", "roceP2p1s0f1")],
+        "preflight spark3: FAIL fabric-link-speed: enp1s0f1np1 (rocep1s0f1) negotiated 100000Mb/s, "
+        "fabric.linkSpeedMbps is 200000: on a switch, set the port to 200G with autonegotiation off"),
+    "an MTU mismatch": (
+        lambda: sim_cluster.set_rail(CLUSTER, "spark3", "rocep1s0f1", mtu=1500),
+        "preflight spark3: FAIL fabric-mtu: enp1s0f1np1 (rocep1s0f1) has MTU 1500, fabric.mtu is 9000"),
+    "the fabric IP on the management interface": (
+        None,  # a config change: spark2's fabricIp is its host (the 10 GbE management address)
+        "preflight spark2: FAIL fabric-ip: fabricIp 172.30.99.12 is on enP7s7, which is not a ConnectX-7 interface"),
+}  # fmt: skip
+
+
+def test_each_fabric_fault_fails_up_in_preflight_naming_node_link_figure_and_fix(first, project):
+    """The group restarts (serving.generation), so preflight runs again; with the fabric broken it fails,
+    and the running group is neither stopped nor joined by a new rank."""
+    project.set_config("cluster.serving.generation", "1")
+    failures = {}
+    for fault, (breaks, expect) in FABRIC_FAULTS.items():
+        before = containers_of(STACK)
+        if breaks is None:
+            project.set_config("cluster.nodes[1].fabricIp", "172.30.99.12")
+        else:
+            breaks()
+        run, events = timed_up(project, f"sim: up with {fault} (fails in preflight)", expect_ok=False)
+        failures[fault] = run
+        assert run.code != 0 and expect in run.text, (fault, run.text[-4000:])
+        assert containers_of(STACK) == before, fault
+        assert not [e for e in events if e.action in ("destroy", "start") and e.name in RANKS], fault
+        if breaks is None:
+            project.set_config("cluster.nodes[1].fabricIp", "10.99.1.12")
+        sim_cluster.reset_fabric(CLUSTER)
+    assert "42" in ask(first.env)  # the old group served throughout
+
+
+def test_a_link_that_carries_13_gbps_fails_the_gate_then_a_healthy_fabric_comes_up(first, project):
+    """ethtool says 200G, the link carries 6.5 Gb/s per twin: preflight passes, the bandwidth gate fails
+    naming the pairs and figures, and no new rank starts; with the link repaired `up` converges."""
+    for rail in ("rocep1s0f1", "roceP2p1s0f1"):
+        sim_cluster.set_rail(CLUSTER, "spark2", rail, gbps=6.5)
+    run, events = timed_up(project, "sim: up with a link carrying 13 Gb/s (fails at the gate)", expect_ok=False)
+    assert run.code != 0
+    assert "fabric gate: FAIL spark1<->spark2 carried 13 Gb/s over 2 rail(s)" in run.text, run.text[-4000:]
+    assert "below fabric.minBandwidthGbps 175" in run.text and "autonegotiation off" in run.text
+    assert not [e for e in events if e.action == "start" and e.name in RANKS]
+    sim_cluster.reset_fabric(CLUSTER)
+    timed_up(project, "sim: up after the fabric is repaired")
+    assert "42" in ask(first.env)
+    assert project.outputs()["fabric"]["sim"]["ok"]
 
 
 def test_an_argv_the_image_refuses_fails_up_at_the_check_before_any_rank_stops(first, project):
