@@ -66,20 +66,58 @@ ADAPTATIONS: list[Adaptation] = [
                "with the vllm-sim TEST DOUBLE as `vllm serve`: it checks the real cluster's alive nodes and GPUs "
                "(ray.nodes()/cluster_resources()) like vLLM, then serves the same fake API; distributedExecutorBackend mp "
                "forms its group over TCP at --master-addr:--master-port (the SGLang double's rendezvous), headless "
-               "nodes serve nothing; no Ray actors, no "
-               "placement group, no NCCL; GPUs are only Ray's `--num-gpus 1` declaration; object store capped "
-               "at 256 MiB by image env",
+               "nodes serve nothing; no Ray actors and no placement group (each non-driver rank's NCCL init check "
+               "runs as one Ray task pinned to its node); GPUs are only Ray's `--num-gpus 1` declaration; object "
+               "store capped at 256 MiB by image env",
                "no GPU and no vLLM build for the simulated nodes", "sim/testdouble/vllm_serve.py, sim/images.py"),
     Adaptation("tiny fake checkpoint (4 shards + a small engram table) and memory profile sim-test-double",
                "no real checkpoint", "sim/, planning/plan.py PROFILES"),
-    Adaptation("nvidia-smi, ethtool, ibdev2netdev and /dev/infiniband are stand-ins on each node; "
-               "--gpus all is accepted through a stand-in nvidia-container-runtime-hook",
+    Adaptation("nvidia-smi, ethtool, ibdev2netdev, ib_write_bw and /dev/infiniband are stand-ins on each node "
+               "(uverbs0/uverbs1/rdma_cm are char devices with /dev/null's numbers); --gpus all is accepted "
+               "through a stand-in nvidia-container-runtime-hook",
                "no GB10 GPU or ConnectX-7 in a container", "sim/assets/node"),
+    Adaptation("the ConnectX-7 twins are veths on two docker bridge networks per cluster (rail A 10.X.1.0/24, "
+               "rail B 10.X.2.0/24, MTU 9000, internal) and the 10 GbE NIC a veth on the management network; "
+               "the nodes rename them enP7s7/enp1s0f1np1/enP2p1s0f1np1 at boot. Link state and MTU are real "
+               "(ip link: pings really fail), but there is no RDMA and no RoCE traffic: the link speed is the "
+               "model's (fabric.json speed_mbps, shown by the ethtool stand-in and sysfs rate), what a twin "
+               "carries is the model's gbps (ib_write_bw stand-in), and TCP between nodes runs at whatever the "
+               "host's bridge gives",
+               "no ConnectX-7 or 200G link in a container; docker veths report 10000Mb/s",
+               "sim/cluster.py, sim/fabric.py"),
+    Adaptation("the RoCE devices exist only in a simulated sysfs (sim-fabric: a tmpfs of bind mounts of the real "
+               "entries plus fake files, rbind-mounted over /sys/class, /sys/devices and /sys/bus): only the cabled "
+               "port's twins (rocep1s0f1, roceP2p1s0f1; the second QSFP port's rocep1s0f0/roceP2p1s0f0 are absent); "
+               "the RDMA->netdev direction exists (<hca>/device/net/<netdev> -> the live veth dir) but "
+               "/sys/class/net/<rail>/device does not (veths); unset GID slots have no gid_attrs/types|ndevs file "
+               "(the kernel has one that reads EINVAL); a DOWN rail keeps its link-local GIDs and loses the IPv4 "
+               "ones; fw_ver, board_id, node_guid (from the MAC) and rate labels are fixed values; classes created "
+               "after boot do not appear under the node's /sys/class",
+               "sysfs refuses mkdir and the test machine has no RDMA device", "sim/fabric.py"),
+    Adaptation("a rank container given /dev/infiniband sees the node's /sys/class, /sys/devices and /sys/bus "
+               "(read-only rbinds added by the sim-runc runtime to its OCI spec), not a sysfs of its own; a "
+               "container without the device keeps its own sysfs (no /sys/class/infiniband)",
+               "the simulated RoCE devices live only in the node's mount namespace", "sim/assets/node/sim-runc"),
+    Adaptation("ethtool models only `ethtool <netdev>` and `ethtool -i <netdev>` for the rails and enP7s7 (ethtool's "
+               "netlink output format, values from the model: supported/advertised modes, FEC, port type and "
+               "lanes are fixed); any other interface or option runs the real ethtool (Debian's 6.1) on the veth "
+               "(e.g. -S shows veth counters); ibdev2netdev runs the mlnx-tools script's logic without its check for "
+               "a Mellanox (0x15b3) netdev",
+               "veths have no ConnectX-7 driver behind them", "sim/assets/node/ethtool, sim/assets/node/ibdev2netdev, "
+               "sim/fabric.py"),
+    Adaptation("NCCL is the nccl.py TEST DOUBLE in both engine doubles: NCCL 2.30.7's init rules (socket "
+               "interface selection, NCCL_NET, NCCL_IB_HCA, ACTIVE ports, GID selection, log lines) run on the "
+               "node's interfaces and simulated sysfs, then no data moves. Stricter/simpler than NCCL: a used GID "
+               "that is not RoCE v2 fails (real kit: v1 works when every peer uses v1 on one L2 segment); peers' "
+               "addresses and GIDs are not exchanged (remote GID/peer print N/A), so a GID is checked on the local "
+               "device only; channels are a ring over the used NICs (no topology search, no GDR); the Gloo check "
+               "only needs an address on GLOO_SOCKET_IFNAME; torch's DistBackendError text omits the C++ source "
+               "path and line; NCCL_DEBUG_FILE and external net plugins are not modelled",
+               "no GPU, no RDMA and no NCCL build for the simulated nodes", "sim/testdouble/nccl.py"),
     Adaptation("the engine image is loaded into each node's engine by the sim; RemoteImage never pulls, and the "
                "sim stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",
                "no registry is reachable; the test machine is not aarch64", "sim/images.py, Pulumi.sim.yaml"),
-    Adaptation("nodes run as root; fabric IP = management IP on one docker network (eth0)",
-               "one private docker network per simulated cluster", "sim/cluster.py"),
+    Adaptation("nodes run as root", "the simulated nodes are containers with root sshd", "sim/cluster.py"),
     Adaptation("the router in front of sim-x2's groups is the REAL sglang-router 0.3.2 (PyPI wheel), started from "
                "the engine test-double image (the groups' image) instead of the SGLang image; the groups it routes "
                "to and drains are test doubles (their /metrics carry only the request gauges)",

@@ -30,6 +30,20 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name)
         s.add_argument("node", help="spark<i>")
         s.add_argument("--name", default="sim")
+    s = sub.add_parser("fabric", help="every node's link model (/etc/dspark-sim/fabric.json)")
+    s.add_argument("--name", default="sim")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("set-rail", help="fault injection on one rail of one node (rewrites its model, applies it)")
+    s.add_argument("node", help="spark<i>")
+    s.add_argument("rail", help="hca or netdev: rocep1s0f1, roceP2p1s0f1, enp1s0f1np1, enP2p1s0f1np1")
+    s.add_argument("--name", default="sim")
+    s.add_argument("--state", choices=["ACTIVE", "DOWN", "active", "down"])
+    s.add_argument("--speed-mbps", type=int, help="link speed ethtool/sysfs report (200000 healthy)")
+    s.add_argument("--gbps", type=float, help="what one rail carries (ib_write_bw; 93.5 healthy)")
+    s.add_argument("--mtu", type=int, help="the netdev's MTU (9000 healthy)")
+    s.add_argument("--gid-index", type=int, help="where the IPv4 RoCE v2 GID sits (3 healthy; odd)")
+    s = sub.add_parser("reset-fabric", help="every node's fabric back to healthy")
+    s.add_argument("--name", default="sim")
     a = p.parse_args(argv)
 
     from . import cluster, images
@@ -56,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop_node(a.name, a.node, log=log)
         elif a.cmd == "start-node":
             cluster.start_node(a.name, a.node, log=log)
+        elif a.cmd == "fabric":
+            models = cluster.fabric(a.name)
+            print(json.dumps(models, indent=2) if a.json else cluster.format_fabric(models))
+        elif a.cmd == "set-rail":
+            cluster.set_rail(a.name, a.node, a.rail, state=a.state, speed_mbps=a.speed_mbps, gbps=a.gbps, mtu=a.mtu,
+                             gid_index=a.gid_index, log=log)
+        elif a.cmd == "reset-fabric":
+            cluster.reset_fabric(a.name, log=log)
         elif a.cmd == "ssh-config":
             if a.install:
                 log(f"Include added to {cluster.install_ssh_include(a.name)}")

@@ -1,21 +1,28 @@
 """Library API of the simulated DGX Spark cluster (dspark-sim).
 
-Each node is a container ``<cluster>-spark<i>`` (hostname ``spark<i>``) on a private network
-``dspark-<cluster>`` with a fixed IP ``<subnet>.1<i>``, running sshd and its own docker engine.
+Each node is a container ``<cluster>-spark<i>`` (hostname ``spark<i>``) on a private management network
+``dspark-<cluster>`` with a fixed IP ``<subnet>.1<i>``, running sshd and its own docker engine, and on two
+data-plane networks (the ConnectX-7 twins, MTU 9000, internal): rail A ``dspark-<cluster>-rail-a``
+(``10.X.1.0/24``) and rail B ``dspark-<cluster>-rail-b`` (``10.X.2.0/24``), X = the management subnet's
+third octet, node i at ``.1i`` on each. The node's link model is ``/etc/dspark-sim/fabric.json``
+(``sim.fabric``; faults: ``set_rail``, ``reset_fabric``).
 State outside docker is only the per-cluster ssh material under
 ``~/.local/state/deepseek-spark-sim/<cluster>/`` (``id_ed25519``, ``known_hosts``, ``ssh_config``);
-everything else is rebuilt from docker labels.
+everything else is rebuilt from docker labels and the nodes' fabric models.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import ipaddress
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import backend, images
+from . import fabric as fab
 from .backend import LABEL_CLUSTER, LABEL_IP, LABEL_NODE, NS
+
+LABEL_VERSION = f"{NS}.version"
+LABEL_RAIL_IPS = (f"{NS}.rail-a-ip", f"{NS}.rail-b-ip")
+LABEL_RAIL = f"{NS}.rail"
+RAIL_LETTERS = ("a", "b")
+RAIL_MTU = 9000
 
 DEFAULT_CLUSTER = "sim"
 DEFAULT_SUBNET = "172.30.99.0/24"
@@ -42,8 +56,14 @@ class SimError(RuntimeError):
 class NodeInfo:
     name: str        # spark<i>
     index: int       # i (1-based)
-    ip: str
+    ip: str          # management (enP7s7): ssh, docker, API
     container: str   # <cluster>-spark<i>
+    rail_a: str = ""  # enp1s0f1np1 / rocep1s0f1 (the fabric IP)
+    rail_b: str = ""  # enP2p1s0f1np1 / roceP2p1s0f1
+
+    @property
+    def rail_ips(self) -> list[str]:
+        return [self.rail_a, self.rail_b]
 
 
 @dataclass
@@ -54,6 +74,14 @@ class ClusterPlan:
     gateway: str
     ip_range: str
     nodes: list[NodeInfo]
+    rail_networks: list[str] = field(default_factory=list)  # rail A, rail B
+    rail_subnets: list[str] = field(default_factory=list)
+
+
+def rail_subnets(subnet: str) -> list[str]:
+    """Rail A/B subnets of a management subnet: 10.X.1.0/24 and 10.X.2.0/24, X its third octet."""
+    x = ipaddress.ip_network(subnet).network_address.packed[2]
+    return [f"10.{x}.{k}.0/24" for k in (1, 2)]
 
 
 def plan(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = None) -> ClusterPlan:
@@ -73,9 +101,18 @@ def plan(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = None)
     if errors:
         raise SimError("; ".join(errors))
     base = net.network_address
-    node_list = [NodeInfo(f"spark{i}", i, str(base + 10 + i), f"{name}-spark{i}") for i in range(1, nodes + 1)]
+    rails = rail_subnets(str(net))
+    rbase = [ipaddress.ip_network(r).network_address for r in rails]
+    node_list = [NodeInfo(f"spark{i}", i, str(base + 10 + i), f"{name}-spark{i}",
+                          str(rbase[0] + 10 + i), str(rbase[1] + 10 + i)) for i in range(1, nodes + 1)]
     ip_range = str(ipaddress.ip_network(f"{base + 128}/25"))
-    return ClusterPlan(name, f"dspark-{name}", str(net), str(base + 1), ip_range, node_list)
+    return ClusterPlan(name, f"dspark-{name}", str(net), str(base + 1), ip_range, node_list,
+                       [f"dspark-{name}-rail-{x}" for x in RAIL_LETTERS], rails)
+
+
+def node_fabric(n: NodeInfo) -> dict:
+    """The healthy link model of a node (what create writes and reset_fabric restores)."""
+    return fab.node_model(n.name, n.ip, n.rail_ips)
 
 
 def state_dir(name: str) -> Path:
@@ -196,11 +233,15 @@ class ClusterInfo:
     node_image: str = ""
     engine_image: str = images.ENGINE_IMAGE
     timings: dict = field(default_factory=dict)
+    rail_networks: list[str] = field(default_factory=list)
+    rail_subnets: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        lines = [f"cluster {self.name}: {len(self.nodes)} node(s) on network {self.network} ({self.subnet})"]
+        rails = ", ".join(f"{net} ({sub}, MTU {RAIL_MTU})" for net, sub in zip(self.rail_networks, self.rail_subnets))
+        lines = [f"cluster {self.name}: {len(self.nodes)} node(s) on network {self.network} ({self.subnet})",
+                 f"  fabric rails {rails}"]
         for n in self.nodes:
-            lines.append(f"  {n.name:8s} {n.ip:15s} container {n.container}")
+            lines.append(f"  {n.name:8s} {n.ip:15s} rails {n.rail_a:15s} {n.rail_b:15s} container {n.container}")
         lines += [f"  ssh key      {self.ssh.private_key}", f"  known_hosts  {self.ssh.known_hosts}",
                   f"  ssh config   {self.ssh.ssh_config}   (ssh -F {self.ssh.ssh_config} spark1)",
                   f"  engine image {', '.join(images.ENGINE_IMAGES)} (one TEST DOUBLE image) loaded on every node"]
@@ -210,6 +251,7 @@ class ClusterInfo:
 
     def to_json(self) -> dict:
         d = {"name": self.name, "network": self.network, "subnet": self.subnet,
+             "rail_networks": list(self.rail_networks), "rail_subnets": list(self.rail_subnets),
              "nodes": [asdict(n) for n in self.nodes], "node_image": self.node_image,
              "engine_image": self.engine_image, "engine_images": list(images.ENGINE_IMAGES),
              "timings": self.timings}
@@ -218,14 +260,25 @@ class ClusterInfo:
 
 
 # ----------------------------------------------------------------------------- docker side ----
+def _row_labels(row: dict) -> dict:
+    return dict(kv.split("=", 1) for kv in row.get("Labels", "").split(",") if "=" in kv)
+
+
 def _nodes_from_docker(name: str) -> list[NodeInfo]:
     rows = backend.containers_by_label(LABEL_CLUSTER, name)
     nodes = []
     for row in rows:
-        labels = dict(kv.split("=", 1) for kv in row.get("Labels", "").split(",") if "=" in kv)
+        labels = _row_labels(row)
         i = int(labels.get(LABEL_NODE, "0"))
-        nodes.append(NodeInfo(f"spark{i}", i, labels.get(LABEL_IP, ""), row["Names"].split(",")[0]))
+        nodes.append(NodeInfo(f"spark{i}", i, labels.get(LABEL_IP, ""), row["Names"].split(",")[0],
+                              labels.get(LABEL_RAIL_IPS[0], ""), labels.get(LABEL_RAIL_IPS[1], "")))
     return sorted(nodes, key=lambda n: n.index)
+
+
+def _versions_from_docker(name: str) -> dict[str, str]:
+    """container -> its sim version label (``""`` for nodes built before versions were labelled)."""
+    return {row["Names"].split(",")[0]: _row_labels(row).get(LABEL_VERSION, "")
+            for row in backend.containers_by_label(LABEL_CLUSTER, name)}
 
 
 def _ssh_paths(name: str) -> tuple[Path, Path, Path]:
@@ -263,23 +316,35 @@ def _ensure_key(name: str) -> Path:
     return key
 
 
-def _ensure_network(p: ClusterPlan) -> None:
-    net = backend.inspect(p.network, "network")
+def _ensure_one_network(cluster: str, network: str, subnet: str, extra: list[str]) -> None:
+    net = backend.inspect(network, "network")
     if net:
         labels = net.get("Labels") or {}
         subnets = [c.get("Subnet") for c in (net.get("IPAM") or {}).get("Config") or []]
-        if labels.get(LABEL_CLUSTER) != p.name or p.subnet not in subnets:
-            raise SimError(f"network {p.network} exists but is not this cluster's "
+        if labels.get(LABEL_CLUSTER) != cluster or subnet not in subnets:
+            raise SimError(f"network {network} exists but is not this cluster's "
                            f"(labels {labels}, subnets {subnets}); remove it or pick another --name/--subnet")
         return
-    r = backend.docker("network", "create", "--driver", "bridge", "--subnet", p.subnet, "--gateway", p.gateway,
-                       "--ip-range", p.ip_range, "--label", f"{LABEL_CLUSTER}={p.name}", p.network, check=False)
+    sn = ipaddress.ip_network(subnet)
+    r = backend.docker("network", "create", "--driver", "bridge", "--subnet", subnet, "--gateway",
+                       str(sn.network_address + 1), "--ip-range", str(ipaddress.ip_network(f"{sn.network_address + 128}/25")),
+                       "--label", f"{LABEL_CLUSTER}={cluster}", *extra, network, check=False)
     if r.returncode != 0 and "already exists" not in r.stderr:
-        raise SimError(f"cannot create network {p.network} ({p.subnet}): {r.stderr.strip()}")
+        raise SimError(f"cannot create network {network} ({subnet}): {r.stderr.strip()}")
 
 
-def _node_tar(pubkey: str) -> bytes:
+def _ensure_network(p: ClusterPlan) -> None:
+    """The management network, then the two rails: internal (no NAT, no default route), MTU 9000."""
+    _ensure_one_network(p.name, p.network, p.subnet, [])
+    for letter, net, sub in zip(RAIL_LETTERS, p.rail_networks, p.rail_subnets):
+        _ensure_one_network(p.name, net, sub, ["--internal", "-o", f"com.docker.network.driver.mtu={RAIL_MTU}",
+                                               "--label", f"{LABEL_RAIL}={letter}"])
+
+
+def _node_tar(pubkey: str, model: dict | None = None) -> bytes:
     files = {"root/.ssh/authorized_keys": (pubkey.encode(), 0o600)}
+    if model is not None:
+        files[fab.MODEL_PATH.lstrip("/")] = (fab.dumps(model).encode(), 0o644)
     return images.files_tar(files)
 
 
@@ -288,7 +353,8 @@ def _create_node(p: ClusterPlan, n: NodeInfo, image: str, pubkey: str) -> None:
             "--network", p.network, "--ip", n.ip,
             "--label", f"{LABEL_CLUSTER}={p.name}", "--label", f"{LABEL_NODE}={n.index}",
             "--label", f"{LABEL_IP}={n.ip}", "--label", f"{NS}.role={'head' if n.index == 1 else 'worker'}",
-            "--label", f"{NS}.version={images.SIM_VERSION}",
+            "--label", f"{LABEL_RAIL_IPS[0]}={n.rail_a}", "--label", f"{LABEL_RAIL_IPS[1]}={n.rail_b}",
+            "--label", f"{LABEL_VERSION}={images.SIM_VERSION}",
             "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
             "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
             "--security-opt", "systempaths=unconfined",
@@ -301,8 +367,11 @@ def _create_node(p: ClusterPlan, n: NodeInfo, image: str, pubkey: str) -> None:
     if Path("/lib/modules").is_dir():
         args += ["-v", "/lib/modules:/lib/modules:ro"]
     backend.docker(*args, image)
-    # authorized key + one parent dir with 0700; checkpoint and /srv/engram (same content everywhere)
-    backend.docker("cp", "-", f"{n.container}:/", input=_node_tar(pubkey))
+    # the data-plane twins; the node renames every interface by the address it holds (sim-fabric boot)
+    for net, ip in zip(p.rail_networks, n.rail_ips):
+        backend.docker("network", "connect", "--ip", ip, net, n.container)
+    # authorized key + one parent dir with 0700, the link model; checkpoint and /srv/engram (same everywhere)
+    backend.docker("cp", "-", f"{n.container}:/", input=_node_tar(pubkey, node_fabric(n)))
     backend.docker("cp", "-", f"{n.container}:/", input=images.checkpoint_tar())
     backend.docker("start", n.container)
 
@@ -343,6 +412,11 @@ def _wait_node(n: NodeInfo, timeout: float = 180.0) -> dict:
             fail("timeout")
         time.sleep(0.5)
     marks["sshd"] = time.monotonic() - t0
+    layer = "fabric applied (sim-fabric boot)"
+    r = backend.exec_in(n.container, "test", "-f", fab.READY, timeout=30)
+    if r.returncode != 0:
+        fl = backend.exec_in(n.container, "tail", "-n", "15", fab.LOG).stdout
+        fail(f"sim-fabric boot did not finish\n--- {fab.LOG} ---\n{fl}")
     layer = "docker info inside the node"
     while True:
         r = backend.exec_in(n.container, "docker", "info", "--format", "{{.ServerVersion}}", timeout=30)
@@ -437,9 +511,16 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     existing = _nodes_from_docker(name)
+    stale = {c: v for c, v in _versions_from_docker(name).items() if v != images.SIM_VERSION} if existing else {}
+    if stale:
+        found = ", ".join(f"{c} v{v or '?'}" for c, v in sorted(stale.items()))
+        log(f"cluster {name!r} was built by another sim version ({found}; this is v{images.SIM_VERSION}): "
+            "deleting and re-creating it")
+        _delete(name, log=log)
+        existing = []
     if existing:
         if [n.index for n in existing] != [n.index for n in p.nodes] or \
-                [n.ip for n in existing] != [n.ip for n in p.nodes]:
+                [(n.ip, n.rail_ips) for n in existing] != [(n.ip, n.rail_ips) for n in p.nodes]:
             raise SimError(f"cluster {name!r} exists with nodes {[n.name + '@' + n.ip for n in existing]}, "
                            f"not the requested {nodes} in {p.subnet}; run `python -m sim delete --name {name}`")
         key, kh, cfg = _ssh_paths(name)
@@ -463,7 +544,8 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
         timings["engine_image_load"] = time.monotonic() - t2
         log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(existing, res)))
         timings["total"] = time.monotonic() - t0
-        return ClusterInfo(name, p.network, p.subnet, existing, sshi, images.node_image_tag(), timings=timings)
+        return ClusterInfo(name, p.network, p.subnet, existing, sshi, images.node_image_tag(), timings=timings,
+                           rail_networks=p.rail_networks, rail_subnets=p.rail_subnets)
 
     node_image = images.ensure_node_image(log)
     images.ensure_engine_image(log)
@@ -475,7 +557,7 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
         pub = key.with_suffix(".pub").read_text()
         _ensure_network(p)
         t1 = time.monotonic()
-        log(f"creating {nodes} node(s) on {p.network} ({p.subnet})")
+        log(f"creating {nodes} node(s) on {p.network} ({p.subnet}), rails {', '.join(p.rail_subnets)}")
         _parallel(lambda n: _create_node(p, n, node_image, pub), p.nodes)
         marks = _parallel(lambda n: _wait_node(n, timeout), p.nodes)
         timings["nodes_ready"] = time.monotonic() - t1
@@ -497,7 +579,8 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
                 log(f"cleanup failed: {e}")
         raise
     timings["total"] = time.monotonic() - t0
-    return ClusterInfo(name, p.network, p.subnet, p.nodes, sshi, node_image, timings=timings)
+    return ClusterInfo(name, p.network, p.subnet, p.nodes, sshi, node_image, timings=timings,
+                       rail_networks=p.rail_networks, rail_subnets=p.rail_subnets)
 
 
 def _delete(name: str = DEFAULT_CLUSTER, log=print) -> None:
@@ -542,20 +625,101 @@ def _start_node(name: str, node: str, log=print, timeout: float = 180.0) -> dict
     return marks
 
 
+# ------------------------------------------------------------------------------ the fabric ----
+def _running(n: NodeInfo) -> bool:
+    return bool((backend.inspect(n.container) or {}).get("State", {}).get("Running"))
+
+
+def _read_model(n: NodeInfo) -> dict:
+    """The node's link model (``docker cp`` works on a stopped node too)."""
+    r = backend.docker("cp", f"{n.container}:{fab.MODEL_PATH}", "-", check=False, text=False)
+    if r.returncode != 0:
+        raise SimError(f"{n.name}: cannot read {fab.MODEL_PATH}: {r.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tf:
+        member = tf.getmembers()[0]
+        return json.loads(tf.extractfile(member).read())
+
+
+def _write_model(n: NodeInfo, model: dict) -> str:
+    """Write the node's model and, when it runs, apply it (sim-fabric apply); returns what happened."""
+    fab.validate(model)
+    backend.docker("cp", "-", f"{n.container}:/", input=images.files_tar(
+        {fab.MODEL_PATH.lstrip("/"): (fab.dumps(model).encode(), 0o644)}))
+    if not _running(n):
+        return "written (node stopped: applied at its next boot)"
+    r = backend.exec_in(n.container, "/usr/local/sbin/sim-fabric", "apply", timeout=60)
+    if r.returncode != 0:
+        raise SimError(f"{n.name}: sim-fabric apply failed: {(r.stderr or r.stdout).strip()}")
+    return "applied"
+
+
+def _set_rail(name: str, node: str, rail: str, log=print, **changes) -> dict:
+    n = _node_by_name(name, node)
+    try:
+        model = fab.with_rail(_read_model(n), rail, **changes)
+    except fab.FabricError as e:
+        raise SimError(str(e)) from e
+    what = _write_model(n, model)
+    r = fab.find_rail(model, rail)
+    log(f"{n.name} {r['hca']}/{r['netdev']}: state {r['state']}, {r['speed_mbps']} Mb/s, {r['gbps']} Gb/s, "
+        f"mtu {r['mtu']}, gid_index {r['gid_index']} ({what})")
+    return model
+
+
+def _reset_fabric(name: str, log=print) -> dict[str, dict]:
+    nodes = _nodes_from_docker(name)
+    if not nodes:
+        raise SimError(f"cluster {name!r} does not exist")
+    out = {}
+    for n in nodes:
+        model = node_fabric(n)
+        what = _write_model(n, model)
+        out[n.name] = model
+        log(f"{n.name}: fabric reset to healthy ({what})")
+    return out
+
+
+def fabric(name: str = DEFAULT_CLUSTER) -> dict[str, dict]:
+    """Every node's link model: node name -> /etc/dspark-sim/fabric.json."""
+    nodes = _nodes_from_docker(name)
+    if not nodes:
+        raise SimError(f"cluster {name!r} does not exist")
+    return {n.name: _read_model(n) for n in nodes}
+
+
+def format_fabric(models: dict[str, dict]) -> str:
+    lines = [f"  {'node':8s} {'hca':13s} {'netdev':14s} {'pci':13s} {'ip':15s} {'state':7s} {'speed':>8s} "
+             f"{'Gb/s':>6s} {'mtu':>5s} {'gid':>3s}"]
+    for node, m in models.items():
+        mg = m["management"]
+        lines.append(f"  {node:8s} {'-':13s} {mg['netdev']:14s} {'-':13s} {mg['ip']:15s} {'-':7s} "
+                     f"{mg['speed_mbps']:>6d}Mb {'-':>6s} {'-':>5s} {'-':>3s}")
+        for r in m["rails"]:
+            lines.append(f"  {node:8s} {r['hca']:13s} {r['netdev']:14s} {r['pci']:13s} {r['ip']:15s} {r['state']:7s} "
+                         f"{r['speed_mbps']:>6d}Mb {r['gbps']:>6g} {r['mtu']:>5d} {r['gid_index']:>3d}")
+    return "\n".join(lines)
+
+
 def status(name: str = DEFAULT_CLUSTER) -> dict:
     nodes = _nodes_from_docker(name)
     _, _, cfg = _ssh_paths(name)
 
     def one(n: NodeInfo) -> dict:
         st = (backend.inspect(n.container) or {}).get("State", {})
-        d = {"node": n.name, "ip": n.ip, "container": n.container, "state": st.get("Status", "missing"),
-             "ssh": False, "docker": False, "engine_image": False}
+        d = {"node": n.name, "ip": n.ip, "rail_a": n.rail_a, "rail_b": n.rail_b, "container": n.container,
+             "state": st.get("Status", "missing"), "ssh": False, "docker": False, "engine_image": False,
+             "fabric": None}
         if st.get("Running"):
             d["ssh"] = cfg.exists() and _ssh_check(cfg, n, timeout=15).returncode == 0
             d["docker"] = backend.exec_in(n.container, "docker", "info", "--format", "{{.ServerVersion}}",
                                           timeout=30).returncode == 0
             d["engine_image"] = d["docker"] and backend.exec_in(
                 n.container, "docker", "image", "inspect", *images.ENGINE_IMAGES, timeout=30).returncode == 0
+            try:
+                m = _read_model(n)
+                d["fabric"] = {r["hca"]: f"{r['state']} {r['speed_mbps'] // 1000}G mtu {r['mtu']}" for r in m["rails"]}
+            except SimError as e:
+                d["fabric"] = {"error": str(e)}
         return d
 
     rows = _parallel(one, nodes) if nodes else []
@@ -569,10 +733,12 @@ def format_status(st: dict) -> str:
         return f"cluster {st['cluster']!r}: does not exist"
     yn = lambda b: "ok" if b else "NO"  # noqa: E731
     lines = [f"cluster {st['cluster']!r}: {'healthy' if st['healthy'] else 'NOT healthy'}",
-             f"  {'node':8s} {'ip':15s} {'container':10s} {'ssh':4s} {'docker':6s} {' + '.join(images.ENGINE_IMAGES)}"]
+             f"  {'node':8s} {'ip':15s} {'rail a':15s} {'rail b':15s} {'container':10s} {'ssh':4s} {'docker':6s} "
+             f"{' + '.join(images.ENGINE_IMAGES)}  fabric"]
     for r in st["nodes"]:
-        lines.append(f"  {r['node']:8s} {r['ip']:15s} {r['state']:10s} {yn(r['ssh']):4s} {yn(r['docker']):6s} "
-                     f"{yn(r['engine_image'])}")
+        links = ", ".join(f"{k} {v}" for k, v in (r.get("fabric") or {}).items()) or "-"
+        lines.append(f"  {r['node']:8s} {r['ip']:15s} {r.get('rail_a', ''):15s} {r.get('rail_b', ''):15s} "
+                     f"{r['state']:10s} {yn(r['ssh']):4s} {yn(r['docker']):6s} {yn(r['engine_image']):<41s}  {links}")
     return "\n".join(lines)
 
 
@@ -629,6 +795,24 @@ def delete(name: str = DEFAULT_CLUSTER, log=print) -> None:
     the image and rootfs caches stay."""
     with _cluster_lock(name):
         _delete(name, log)
+
+
+def set_rail(name: str, node: str, rail: str, *, state: str | None = None, speed_mbps: int | None = None,
+             gbps: float | None = None, mtu: int | None = None, gid_index: int | None = None, log=print) -> dict:
+    """Fault injection on one rail of one node (``rail``: hca or netdev name, e.g. ``roceP2p1s0f1`` or
+    ``enP2p1s0f1np1``): rewrite the node's link model and apply it. ``state`` ACTIVE/DOWN (the netdev goes
+    down: pings fail, ethtool says ``Link detected: no``, the port ``1: DOWN``, no IPv4 GIDs); ``speed_mbps``
+    what ethtool and sysfs report; ``gbps`` what the ib_write_bw stand-in measures; ``mtu`` the netdev's real
+    MTU; ``gid_index`` where the IPv4 RoCE v2 GID sits. Returns the node's new model."""
+    with _cluster_lock(name):
+        return _set_rail(name, node, rail, log=log, state=state, speed_mbps=speed_mbps, gbps=gbps, mtu=mtu,
+                         gid_index=gid_index)
+
+
+def reset_fabric(name: str = DEFAULT_CLUSTER, log=print) -> dict[str, dict]:
+    """Every node back to the healthy model (both rails ACTIVE, 200 Gb/s, 93.5 Gb/s, MTU 9000, GID 3)."""
+    with _cluster_lock(name):
+        return _reset_fabric(name, log)
 
 
 def stop_node(name: str, node: str, log=print, timeout: int = 30) -> None:

@@ -28,10 +28,11 @@ from pathlib import Path
 from . import backend
 from .testdouble import engram
 
-SIM_VERSION = "1"
+SIM_VERSION = "2"  # bump when a node built from an older image must be re-created (cluster.create does)
 SUITE = "bookworm"
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"
+FABRIC = Path(__file__).parent / "fabric.py"  # the node's /usr/local/sbin/sim-fabric (same file as sim.fabric)
 OPTIONS = Path(__file__).parent.parent / "declared" / "options"  # the real engines' option tables
 ENGINE_IMAGE = "sglang-sim:test-double"
 VLLM_IMAGE = "vllm-sim:test-double"
@@ -151,8 +152,10 @@ class RootfsSpec:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# iputils-ping: the real ping (no-fragment pings at the rail MTU); ethtool: the real one, which the
+# ethtool stand-in hands every interface and option it does not model to
 NODE_ROOTFS = RootfsSpec("node", ("openssh-server", "docker.io", "python3", "iproute2", "procps",
-                                  "sudo", "ca-certificates"))
+                                  "sudo", "ca-certificates", "iputils-ping", "ethtool"))
 ENGINE_ROOTFS = RootfsSpec("engine", ("python3",), wheels=ENGINE_WHEELS)
 
 
@@ -204,7 +207,8 @@ def node_overlay(rootfs_key: str) -> Overlay:
     a = ASSETS / "node"
     ov.add("usr/local/sbin/sim-entrypoint", (a / "sim-entrypoint").read_bytes(), 0o755)
     ov.add("usr/local/sbin/sim-runc", (a / "sim-runc").read_bytes(), 0o755)
-    for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "nvidia-container-runtime-hook"):
+    ov.add("usr/local/sbin/sim-fabric", FABRIC.read_bytes(), 0o755)
+    for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "ib_write_bw", "nvidia-container-runtime-hook"):
         ov.add(f"usr/local/bin/{name}", (a / name).read_bytes(), 0o755)
     ov.add("etc/ssh/sshd_config.d/10-dspark-sim.conf", (a / "sshd-sim.conf").read_bytes())
     ov.add("etc/motd", b"dspark-sim: SIMULATED DGX Spark node (container). Nothing here is real hardware.\n")
@@ -223,7 +227,7 @@ def engine_overlay(rootfs_key: str) -> Overlay:
     ov = Overlay()
     pkg = "usr/lib/python3/dist-packages"
     for name in ("__init__.py", "flags.py", "openai_api.py", "server.py", "engram.py", "launch_server.py",
-                 "vllm_serve.py", "parsers.py"):
+                 "vllm_serve.py", "parsers.py", "nccl.py"):
         ov.add(f"{pkg}/dspark_testdouble/{name}", (TESTDOUBLE / name).read_bytes())
     # the REAL engines' option tables the doubles' parsers are built from (declared/options)
     for table in sorted(OPTIONS.glob("*.json")):

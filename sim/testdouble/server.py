@@ -5,12 +5,18 @@ connect there (retrying until ``--dist-timeout`` or 600 s) and send ``JOIN <rank
 When all ``--nnodes`` ranks joined, rank 0 answers ``FORMED`` to everyone. Both sides then
 exchange ``PING`` heartbeats; if any rank disappears after formation every rank exits non-zero.
 
-HTTP (``--host:--port``): rank 0 serves ``/health`` (503 until formed), ``/v1/models`` and
+HTTP (``--host:--port``): rank 0 serves ``/health`` (503 until formed and NCCL is up), ``/v1/models`` and
 ``/v1/chat/completions`` (non-streaming and SSE), and with ``--enable-metrics`` ``/metrics`` (Prometheus
 text: ``sglang:num_running_reqs`` = requests being generated, streams included, and
 ``sglang:num_queue_reqs`` = 0, labelled ``model_name``; without the flag 404, as SGLang). With
 ``--api-key`` every path except those starting with ``/health`` or ``/metrics`` needs
 ``Authorization: Bearer <key>`` (SGLang's API-key middleware exempts both). Workers serve a dummy ``/health``.
+
+Once the group formed, every rank of a multi-rank group does what a real rank does next: torch's Gloo CPU
+group (``GLOO_SOCKET_IFNAME``) and its NCCL communicator (``nccl.comm_init``: ``NCCL_SOCKET_IFNAME``,
+``NCCL_NET``, ``NCCL_IB_HCA``, ``NCCL_IB_GID_INDEX``... against the node's interfaces and
+/sys/class/infiniband); a failure is printed as the engine would and the rank exits 1 (the others then
+lose it and exit too). Rank 0 reports the engine's boot phases only after that.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-from . import flags, openai_api
+from . import flags, nccl, openai_api
 from .openai_api import answer_for, message_text  # noqa: F401  (re-exported: shared with vllm-sim)
 
 HEARTBEAT_S = 2.0
@@ -46,6 +52,7 @@ class Group:
     def __init__(self, engine: str, rank: int, nnodes: int):
         self.engine, self.rank, self.nnodes = engine, rank, nnodes
         self.formed = threading.Event()
+        self.ready = threading.Event()  # formed, and this rank's Gloo/NCCL init done
         self.lock = threading.Lock()
         self.peers: dict[int, socket.socket] = {}
 
@@ -188,18 +195,30 @@ def boot_report(args) -> list[str]:
     return lines
 
 
+def fabric_init(args, group: Group, engine: str) -> None:
+    """torch.distributed's Gloo group + NCCL communicator of this rank (one GPU per node)."""
+    nranks = max(int(args.tp_size or 1), group.nnodes)
+    if nranks <= 1:
+        return
+    rc = nccl.rank_init(group.rank, nranks, group.nnodes, log=lambda m: openai_api.emit(
+        f"{engine}-sim test-double rank {group.rank}", m))
+    if rc:
+        die(engine, group.rank, "NCCL/Gloo init failed (see above); tensor-parallel group broken, exiting")
+    group.log(f"NCCL communicator ready (rank {group.rank}/{nranks})")
+
+
 def make_handler(args, group: Group, engine: str):
     full_api = args.node_rank == 0
 
     def pre_route(h, method: str, path: str) -> bool:
         if path.startswith("/health"):
-            if group.formed.is_set() or not full_api:
+            if group.ready.is_set() or not full_api:
                 h.send_json(200, {"status": "ok", "rank": args.node_rank})
             else:
                 h.send_json(503, {"status": "waiting for ranks", "rank": 0})
         elif not full_api:
             h.send_json(404, {"error": "worker rank serves /health only"})
-        elif not group.formed.is_set():
+        elif not group.ready.is_set():
             h.send_json(503, {"error": "rank group not formed yet"})
         else:
             return False
@@ -240,11 +259,19 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
     if rank == 0:
         def announce():
             group.formed.wait()
+            fabric_init(args, group, engine)
+            group.ready.set()
             # The real engine's boot phases (its log lines), so status and readiness have them to read.
             for line in ("Load weight begin.", "Load weight end.", "Capture cuda graph begin.",
                          "Capture cuda graph end.", *boot_report(args), "The server is fired up and ready to roll!"):
                 group.log(line)
             group.log(f"ready: serving API for model {args.served_model_name or args.model_path}")
         threading.Thread(target=announce, daemon=True).start()
+    else:
+        def worker_ready():
+            group.formed.wait()
+            fabric_init(args, group, engine)
+            group.ready.set()
+        threading.Thread(target=worker_ready, daemon=True).start()
     httpd.serve_forever()
     return 0

@@ -19,6 +19,12 @@
 5. Ray executor: every ``DSPARK_VLLM_RAY_POLL_S`` (2 s) the double re-reads ``ray.nodes()``; if a
    node hosting a rank is no longer alive, or the head is unreachable, it logs which one and exits 1.
    ``import ray`` happens only for the ``ray`` backend (``uni``/``mp`` run without Ray installed).
+6. NCCL (``nccl.rank_init``: torch's Gloo group, then the NCCL communicator, against the node's interfaces
+   and /sys/class/infiniband) where vLLM's ranks create it, before the API serves: ``ray``: rank 0 in this
+   process and one Ray task per other rank, pinned to its node (its env is that node's Ray worker
+   container's, as a RayWorkerWrapper actor's is); ``mp`` across nodes: on every node once the group
+   formed. A failing rank's NCCL lines are printed (Ray's ``(RayWorkerWrapper pid=, ip=)`` prefix for
+   remote ranks) and the engine exits 1.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-from . import flags, openai_api
+from . import flags, nccl, openai_api
 
 __version__ = "0.11.0+test-double"
 TAG = "vllm-sim test-double"
@@ -126,6 +132,46 @@ def place_on_ray(tp: int) -> list[dict]:
     return placement
 
 
+def _nccl_rank(rank: int, nranks: int, nnodes: int) -> tuple[int, int, str]:
+    """One rank's NCCL init, run as a Ray task on that rank's node: (exit code, pid, its output)."""
+    import io
+
+    buf = io.StringIO()
+    rc = nccl.rank_init(rank, nranks, nnodes, log=lambda m: buf.write(m + "\n"), out=buf)
+    return rc, os.getpid(), buf.getvalue()
+
+
+def nccl_on_ray(placement: list[dict]) -> None:
+    """NCCL init of every rank: rank 0 here (the driver worker), the others as Ray tasks on their nodes."""
+    tp = len(placement)
+    if tp <= 1:
+        return
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nnodes = len({n["NodeID"] for n in placement})
+    task = ray.remote(_nccl_rank)
+    futs = [(r, n, task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+             .remote(r, tp, nnodes)) for r, n in enumerate(placement) if r > 0]
+    rc0 = nccl.rank_init(0, tp, nnodes, log=log)
+    failed = [0] if rc0 else []
+    for r, n, fut in futs:
+        try:
+            rc, pid, out = ray.get(fut, timeout=float(os.environ.get("DSPARK_VLLM_NCCL_TIMEOUT_S", "120")))
+        except Exception as e:  # noqa: BLE001 -- a rank that never ran is a failed rank
+            log(f"RayWorkerError: rank {r} on {n['NodeManagerAddress']} did not start: {e}")
+            failed.append(r)
+            continue
+        for line in out.splitlines():
+            sys.stdout.write(f"(RayWorkerWrapper pid={pid}, ip={n['NodeManagerAddress']}) {line}\n")
+        sys.stdout.flush()
+        if rc:
+            failed.append(r)
+    if failed:
+        die(f"RuntimeError: NCCL init failed on rank(s) {failed} (see above); engine dead, exiting")
+    log(f"NCCL communicator ready on {tp} rank(s)")
+
+
 def watch_ray(placement: list[dict], every: float) -> None:
     import ray
 
@@ -161,12 +207,17 @@ def join_mp(args, nnodes: int, node_rank: int) -> None:
         die(f"ValueError: node rank {node_rank} {'must' if node_rank else 'must not'} run --headless "
             "(TEST DOUBLE: node 0 serves the API)", 2)
     group = Group("vllm", node_rank, nnodes)
+    tp = max(int(args.tensor_parallel_size or 1), nnodes)
     if node_rank == 0:
         threading.Thread(target=group.serve_coordinator, args=(int(args.master_port),), daemon=True).start()
         group.formed.wait()
+        if nccl.rank_init(0, tp, nnodes, log=log):
+            die("RuntimeError: NCCL init failed (see above); engine dead, exiting")
         return
     group.join(args.master_addr, int(args.master_port), float(os.environ.get("DSPARK_VLLM_JOIN_S", "600")))
     group.formed.wait()
+    if nccl.rank_init(node_rank, tp, nnodes, log=log):
+        die("RuntimeError: NCCL init failed (see above); engine dead, exiting")
     log(f"headless node {node_rank}/{nnodes} running its engine rank(s); no API on this node")
     while True:
         time.sleep(3600)
@@ -189,6 +240,8 @@ def serve(args) -> int:
     nnodes, node_rank = int(args.nnodes or 1), int(args.node_rank or 0)
     backend = resolve_backend(tp, args.distributed_executor_backend, nnodes)
     placement = place_on_ray(tp) if backend == "ray" else []
+    if placement:
+        nccl_on_ray(placement)
     if backend == "mp" and nnodes > 1:
         join_mp(args, nnodes, node_rank)
     log(f"executor {backend} ready: {tp} rank(s)")

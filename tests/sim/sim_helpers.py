@@ -47,8 +47,10 @@ exec vllm "$@"
 
 WORKER_WRAPPER = 'echo "ray worker on $(hostname): $*"\nexec "$@"\n'
 
-NCCL_ENV = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "rocep1s0f1",
-            "NCCL_DEBUG": "WARN", "RAY_memory_monitor_refresh_ms": "0"}
+# a rank's fabric env as on a Spark: the ConnectX-7 twin netdev for sockets, both RoCE twins for NCCL
+# (the doubles run NCCL's interface/device rules on it: sim/testdouble/nccl.py)
+NCCL_ENV = {"NCCL_SOCKET_IFNAME": "enp1s0f1np1", "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+            "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "NCCL_DEBUG": "WARN", "RAY_memory_monitor_refresh_ms": "0"}
 
 
 def head_env(head_ip: str, ray_port: int = 6379, nodes: int = 2) -> dict[str, str]:

@@ -108,12 +108,13 @@ def test_node_standins(sim_cluster):
     n = sim_cluster.nodes[1]
     out = ssh(sim_cluster, n, "nvidia-smi -L; nvidia-smi --query-gpu=name --format=csv,noheader; "
                               "nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader; "
-                              "ethtool eth0; ibdev2netdev; test -c /dev/infiniband/uverbs0 && echo uverbs-ok; "
+                              "ethtool enp1s0f1np1; ibdev2netdev; test -c /dev/infiniband/uverbs0 && echo uverbs-ok; "
                               "ls /srv/models/DS4.1 /srv/models/DS4.1/engram; test -d /srv/engram && echo engram-dir; "
                               "test -s /etc/dspark-sim-version && echo version-ok").stdout
     assert f"GPU 0: NVIDIA GB10 (UUID: GPU-sim-{n.name})" in out
     assert "\tSpeed: 200000Mb/s" in out and "\tLink detected: yes" in out
-    assert "rocep1s0f1 port 1 ==> eth0 (Up)" in out and "uverbs-ok" in out
+    assert "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)" in out and "roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)" in out
+    assert "uverbs-ok" in out
     for f in ["config.json"] + [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)] + ["layer1.bin"]:
         assert f in out
     assert "engram-dir" in out and "version-ok" in out

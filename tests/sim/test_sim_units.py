@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import cluster, images
+from sim import cluster, fabric, images
 from sim.testdouble import engram, flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,11 +179,9 @@ def test_nvidia_smi_standin():
     assert "NVIDIA GB10" in _sh("nvidia-smi").stdout
 
 
-def test_ethtool_standin():
-    r = _sh("ethtool", "lo")
-    assert "\tSpeed: 200000Mb/s\n" in r.stdout and "\tLink detected: yes\n" in r.stdout
-    assert _sh("ethtool", "nonexistent0").returncode != 0
-    assert _sh("ibdev2netdev").stdout == "rocep1s0f1 port 1 ==> eth0 (Up)\n"
+def test_fabric_standins_hand_over_to_sim_fabric():
+    for name, sub in (("ethtool", "ethtool"), ("ibdev2netdev", "ibdev2netdev")):
+        assert f'exec /usr/local/sbin/sim-fabric {sub} "$@"' in (ASSETS / name).read_text()
 
 
 # ---------------------------------------------------------------- stand-in launcher flags ----
@@ -346,3 +344,392 @@ def test_local_group_lifecycle():
             if p and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+# ---------------------------------------------------------------- fabric: plan and model ----
+def test_plan_rail_networks_and_addresses():
+    p = cluster.plan("sim", 3)
+    assert p.rail_networks == ["dspark-sim-rail-a", "dspark-sim-rail-b"]
+    assert p.rail_subnets == ["10.99.1.0/24", "10.99.2.0/24"]
+    assert [(n.name, n.ip, n.rail_a, n.rail_b) for n in p.nodes] == [
+        ("spark1", "172.30.99.11", "10.99.1.11", "10.99.2.11"), ("spark2", "172.30.99.12", "10.99.1.12", "10.99.2.12"),
+        ("spark3", "172.30.99.13", "10.99.1.13", "10.99.2.13")]
+    t = cluster.plan("simtest", 2, "172.30.98.0/24")
+    assert t.rail_subnets == ["10.98.1.0/24", "10.98.2.0/24"] and t.nodes[1].rail_ips == ["10.98.1.12", "10.98.2.12"]
+    si = cluster.SshInfo("sim", p.nodes, "root", Path("/k"), Path("/kh"), Path("/c"), "")
+    info = cluster.ClusterInfo("sim", p.network, p.subnet, p.nodes, si, rail_networks=p.rail_networks,
+                               rail_subnets=p.rail_subnets)
+    j = info.to_json()
+    assert j["rail_subnets"] == ["10.99.1.0/24", "10.99.2.0/24"] and j["nodes"][0]["rail_a"] == "10.99.1.11"
+    d = info.describe()
+    assert "dspark-sim-rail-a (10.99.1.0/24, MTU 9000)" in d and "10.99.2.13" in d
+
+
+def test_node_fabric_model_schema():
+    m = cluster.node_fabric(cluster.plan("sim", 1).nodes[0])
+    assert m == {
+        "node": "spark1",
+        "management": {"netdev": "enP7s7", "ip": "172.30.99.11", "prefix": 24, "speed_mbps": 10000},
+        "rails": [
+            {"hca": "rocep1s0f1", "netdev": "enp1s0f1np1", "pci": "0000:01:00.1", "ip": "10.99.1.11", "prefix": 24,
+             "state": "ACTIVE", "speed_mbps": 200000, "gbps": 93.5, "mtu": 9000, "gid_index": 3},
+            {"hca": "roceP2p1s0f1", "netdev": "enP2p1s0f1np1", "pci": "0002:01:00.1", "ip": "10.99.2.11", "prefix": 24,
+             "state": "ACTIVE", "speed_mbps": 200000, "gbps": 93.5, "mtu": 9000, "gid_index": 3}]}
+    assert json.loads(fabric.dumps(m)) == m
+
+
+def test_with_rail_changes_one_rail_and_validates():
+    m = fabric.node_model("spark2", "172.30.99.12", ["10.99.1.12", "10.99.2.12"])
+    down = fabric.with_rail(m, "roceP2p1s0f1", state="down")
+    assert [r["state"] for r in down["rails"]] == ["ACTIVE", "DOWN"] and m["rails"][1]["state"] == "ACTIVE"
+    slow = fabric.with_rail(fabric.with_rail(m, "enp1s0f1np1", speed_mbps=100000, gbps=46),
+                            "enP2p1s0f1np1", speed_mbps=100000, gbps=46)
+    assert {(r["speed_mbps"], r["gbps"]) for r in slow["rails"]} == {(100000, 46)}
+    assert fabric.with_rail(m, "rocep1s0f1", gbps=6.5)["rails"][0]["speed_mbps"] == 200000  # 13 Gb/s on 200G
+    for bad, msg in (({"state": "UP"}, "state"), ({"mtu": 20}, "mtu"), ({"gbps": 250.0}, "exceeds"),
+                     ({"gid_index": 4}, "gid_index"), ({"speed_mbps": 0}, "speed_mbps")):
+        with pytest.raises(fabric.FabricError, match=msg):
+            fabric.with_rail(m, "rocep1s0f1", **bad)
+    with pytest.raises(fabric.FabricError, match="no rail 'mlx5_0'"):
+        fabric.with_rail(m, "mlx5_0", state="DOWN")
+
+
+def test_gids_as_sysfs_prints_them():
+    assert fabric.ipv4_gid("10.99.1.11") == "0000:0000:0000:0000:0000:ffff:0a63:010b"
+    assert fabric.link_local_gid("02:42:0a:63:01:0b") == "fe80:0000:0000:0000:0042:0aff:fe63:010b"
+    r = dict(fabric.RAILS[0], ip="10.99.1.11", **fabric.RAIL_DEFAULTS)
+    e = fabric.gid_entries(r, "02:42:0a:63:01:0b")
+    assert [(i, t) for i, (_, t) in sorted(e.items())] == [(0, "IB/RoCE v1"), (1, "RoCE v2"), (2, "IB/RoCE v1"),
+                                                           (3, "RoCE v2")]
+    assert e[3][0] == e[2][0] == fabric.ipv4_gid("10.99.1.11")
+    assert sorted(fabric.gid_entries(dict(r, state="DOWN"), "02:42:0a:63:01:0b")) == [0, 1]  # no IPv4 GIDs
+    five = fabric.gid_entries(dict(r, gid_index=5), "02:42:0a:63:01:0b")
+    assert five[5] == (fabric.ipv4_gid("10.99.1.11"), "RoCE v2") and five[3][0].startswith("fd00:")
+
+
+MACS = {"enp1s0f1np1": "02:42:0a:63:01:0b", "enP2p1s0f1np1": "02:42:0a:63:02:0b", "enP7s7": "02:42:ac:1e:63:0b"}
+
+
+def spark_root(tmp_path, model=None, devices=True, carrier=None):
+    """A temporary sysfs (+ /dev) laid out as sim-fabric lays a node out for ``model``."""
+    m = model or fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"])
+    root = tmp_path / "sys"
+    up = {r["netdev"]: r["state"] == "ACTIVE" for r in m["rails"]}
+    up["enP7s7"] = True
+    netdevs = {nd: {"operstate": "up" if u else "down", "address": MACS[nd],
+                    **({"carrier": 1} if u else {})} for nd, u in up.items()}
+    fabric.write_tree(str(root), fabric.sysfs_tree(m, MACS), netdevs)
+    dev = tmp_path / "dev"
+    (dev / "infiniband").mkdir(parents=True)
+    if devices:
+        for i in range(len(m["rails"])):
+            (dev / "infiniband" / f"uverbs{i}").write_text("")
+    return m, str(root), str(dev)
+
+
+def test_sysfs_tree_layout(tmp_path):
+    m, root, _ = spark_root(tmp_path)
+    for r in m["rails"]:
+        ib = Path(root) / "class/infiniband" / r["hca"]
+        assert os.path.basename(os.path.realpath(ib / "device")) == r["pci"]
+        assert (ib / "device" / "net" / r["netdev"]).is_dir()
+        assert (ib / "device/vendor").read_text() == "0x15b3\n"
+        port = ib / "ports/1"
+        assert (port / "state").read_text() == "4: ACTIVE\n" and (port / "phys_state").read_text() == "5: LinkUp\n"
+        assert (port / "gids/3").read_text().strip() == fabric.ipv4_gid(r["ip"])
+        assert (port / "gid_attrs/types/3").read_text() == "RoCE v2\n"
+        assert (port / "gid_attrs/types/2").read_text() == "IB/RoCE v1\n"
+        assert (port / "gid_attrs/ndevs/3").read_text() == r["netdev"] + "\n"
+        assert (port / "gids/9").read_text().strip() == fabric.ZERO_GID
+        assert len(os.listdir(port / "gids")) == fabric.GID_TABLE_LEN
+        assert os.path.basename(os.path.realpath(Path(root) / "bus/pci/devices" / r["pci"])) == r["pci"]
+    assert sorted(os.listdir(Path(root) / "class/infiniband")) == ["roceP2p1s0f1", "rocep1s0f1"]
+    verbs = Path(root) / "class/infiniband_verbs"
+    assert (verbs / "abi_version").read_text() == "6\n" and (verbs / "uverbs1/ibdev").read_text() == "roceP2p1s0f1\n"
+
+
+def test_sysfs_tree_rail_down(tmp_path):
+    m = fabric.with_rail(fabric.node_model("spark2", "172.30.99.12", ["10.99.1.12", "10.99.2.12"]),
+                         "roceP2p1s0f1", state="DOWN")
+    _, root, _ = spark_root(tmp_path, m)
+    port = Path(root) / "class/infiniband/roceP2p1s0f1/ports/1"
+    assert (port / "state").read_text() == "1: DOWN\n" and (port / "phys_state").read_text() == "3: Disabled\n"
+    assert (port / "gids/3").read_text().strip() == fabric.ZERO_GID and not (port / "gid_attrs/types/3").exists()
+    assert (port / "gid_attrs/ndevs/0").read_text() == "enP2p1s0f1np1\n"  # the link-local GIDs stay
+
+
+def test_ethtool_output_from_the_model(tmp_path):
+    m, root, _ = spark_root(tmp_path, fabric.with_rail(
+        fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"]), "roceP2p1s0f1", state="DOWN"))
+    rc, out, err = fabric.ethtool_output(["enp1s0f1np1"], m, root)
+    assert rc == 0 and out.startswith("Settings for enp1s0f1np1:\n\tSupported ports: [ FIBRE ]\n")
+    assert "\tSpeed: 200000Mb/s\n\tLanes: 4\n\tDuplex: Full\n" in out and out.endswith("\tLink detected: yes\n")
+    rc, out, _ = fabric.ethtool_output(["enP2p1s0f1np1"], m, root)
+    assert "\tSpeed: Unknown!\n\tDuplex: Unknown! (255)\n" in out and out.endswith("\tLink detected: no\n")
+    rc, out, _ = fabric.ethtool_output(["enP7s7"], m, root)
+    assert "\tSpeed: 10000Mb/s\n" in out and "\tPort: Twisted Pair\n" in out and "Link detected: yes" in out
+    rc, out, _ = fabric.ethtool_output(["-i", "enP2p1s0f1np1"], m, root)
+    assert "driver: mlx5_core\n" in out and "bus-info: 0002:01:00.1\n" in out
+    slow = fabric.with_rail(m, "rocep1s0f1", speed_mbps=100000, gbps=46)
+    assert "\tSpeed: 100000Mb/s\n\tLanes: 2\n" in fabric.ethtool_output(["enp1s0f1np1"], slow, root)[1]
+    assert fabric.ethtool_output(["eth0"], m, root) is None               # not modelled: the real ethtool
+    assert fabric.ethtool_output(["-S", "enp1s0f1np1"], m, root) is None
+    assert fabric.ethtool_fallback(["eth0"], root) == (75, "No data available\n", fabric.NO_DEVICE)
+
+
+def test_fabric_cli_ethtool_and_ibdev2netdev(tmp_path):
+    m, root, _ = spark_root(tmp_path, fabric.with_rail(
+        fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"]), "roceP2p1s0f1", state="DOWN"))
+    model = tmp_path / "fabric.json"
+    model.write_text(fabric.dumps(m))
+    env = dict(os.environ, DSPARK_SIM_FABRIC_JSON=str(model), DSPARK_SIM_SYSFS=root)
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "sim/fabric.py"), *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True)
+    r = run("ethtool", "nosuch0")  # as Debian's ethtool 6.1 answers
+    assert (r.returncode, r.stdout) == (75, "No data available\n")
+    assert r.stderr == "netlink error: no device matches name (offset 24)\nnetlink error: No such device\n" * 5
+    assert "Link detected: no" in run("ethtool", "enP2p1s0f1np1").stdout
+    r = run("ibdev2netdev")
+    assert r.returncode == 0 and r.stdout == ("roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Down)\n"
+                                              "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)\n")
+    v = run("ibdev2netdev", "-v").stdout.splitlines()
+    assert v[1] == "0000:01:00.1 rocep1s0f1 (MT4129 - NA)  fw 28.45.1020 port 1 (ACTIVE) ==> enp1s0f1np1 (Up)"
+    assert v[0].startswith("0002:01:00.1 roceP2p1s0f1 (MT4129 - NA)  fw 28.45.1020 port 1 (DOWN  ) ==> ")
+    assert run("ibdev2netdev", "-x").returncode == 255
+
+
+def _sim_runc():
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("sim_runc", str(ASSETS / "sim-runc"))
+    spec = importlib.util.spec_from_loader("sim_runc", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def test_sim_runc_binds_sysfs_only_for_rdma_containers():
+    rc = _sim_runc()
+    with_dev = {"mounts": [{"destination": "/sys", "type": "sysfs"}],
+                "linux": {"devices": [{"path": "/dev/infiniband/uverbs0", "type": "c", "major": 1, "minor": 3}]}}
+    assert rc.has_rdma_device(with_dev)
+    assert rc.add_sysfs_binds(with_dev) == ["/sys/class", "/sys/devices", "/sys/bus"]
+    binds = with_dev["mounts"][1:]
+    assert [(m["destination"], m["source"], m["type"]) for m in binds] == [
+        ("/sys/class", "/sys/class", "bind"), ("/sys/devices", "/sys/devices", "bind"), ("/sys/bus", "/sys/bus", "bind")]
+    assert all(m["options"][:2] == ["rbind", "ro"] for m in binds)
+    assert rc.add_sysfs_binds(with_dev) == []  # idempotent
+    plain = {"linux": {"devices": [{"path": "/dev/fuse"}]}}
+    assert not rc.has_rdma_device(plain) and not rc.has_rdma_device({})
+
+
+def test_create_recreates_a_cluster_of_another_sim_version(monkeypatch):
+    calls, logs = [], []
+    nodes = cluster.plan("simtest", 2, "172.30.98.0/24").nodes
+    monkeypatch.setattr(cluster.backend, "engine_available", lambda: (True, "x"))
+    monkeypatch.setattr(cluster, "_nodes_from_docker", lambda name: [] if calls else nodes)
+    monkeypatch.setattr(cluster, "_versions_from_docker", lambda name: {"simtest-spark1": "1", "simtest-spark2": "1"})
+    monkeypatch.setattr(cluster, "_delete", lambda name, log=print: calls.append(("delete", name)))
+
+    class Stop(Exception):
+        pass
+
+    def stop(log=print):
+        raise Stop()
+    monkeypatch.setattr(cluster.images, "ensure_node_image", stop)
+    with pytest.raises(Stop):
+        cluster._create("simtest", 2, "172.30.98.0/24", log=logs.append)
+    assert calls == [("delete", "simtest")]
+    assert any("another sim version" in m and "simtest-spark1 v1" in m and "deleting and re-creating" in m for m in logs)
+
+
+# ---------------------------------------------------------------- NCCL double, unit level ----
+from sim.testdouble import nccl  # noqa: E402
+
+RUN, UP = nccl.IFF_RUNNING, nccl.IFF_UP
+
+
+def spark_ifaddrs(m, down=()):
+    I = nccl.Iface  # noqa: E741 -- getifaddrs order: lo, the management NIC, the twins
+    out = [I("lo", nccl.AF_INET, "127.0.0.1", UP | RUN | nccl.IFF_LOOPBACK, 8),
+           I("enP7s7", nccl.AF_INET, m["management"]["ip"], UP | RUN)]
+    for r in m["rails"]:
+        gone = r["state"] != "ACTIVE" or r["netdev"] in down
+        out.append(I(r["netdev"], nccl.AF_INET, r["ip"], 0x1002 if gone else UP | RUN))
+    return out
+
+
+def run_nccl(tmp_path, env, model=None, rank=0, nranks=2, devices=True):
+    import io
+    m, root, dev = spark_root(tmp_path, model, devices=devices)
+    buf = io.StringIO()
+    try:
+        comm = nccl.comm_init(rank, nranks, env=env, sysfs=root, dev_root=dev, ifaddrs=spark_ifaddrs(m), out=buf,
+                              hostname="spark1")
+    except nccl.NcclError as e:
+        return e, buf.getvalue()
+    return comm, buf.getvalue()
+
+
+PROGRAM_ENV = {"NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+               "NCCL_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
+
+
+def test_nccl_program_env_uses_both_twins(tmp_path):
+    comm, out = run_nccl(tmp_path, PROGRAM_ENV)
+    assert isinstance(comm, nccl.Comm) and comm.net == "IB", out
+    assert [d["name"] for d in comm.devices] == ["rocep1s0f1", "roceP2p1s0f1"] and comm.oob.name == "enp1s0f1np1"
+    assert comm.gid_index == {"rocep1s0f1": 3, "roceP2p1s0f1": 3}
+    lines = [line.split(" NCCL INFO ", 1)[1] for line in out.splitlines() if " NCCL INFO " in line]
+    assert "NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.99.1.11<0>" in lines
+    assert "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0" in lines
+    assert "Channel 01/0 : 1[0] -> 0[0] [receive] via NET/IB/1" in lines
+    assert "NCCL_SOCKET_IFNAME set by environment to enp1s0f1np1" in lines and "NCCL_IB_DISABLE set by environment to 0." in lines
+    assert "NCCL version 2.30.7+cuda13.0" in lines and lines[-1].endswith("- Init COMPLETE")
+    assert all(line.startswith(f"spark1:{os.getpid()}:") for line in out.splitlines() if line)
+    assert "Bootstrap: Using" not in out  # BOOTSTRAP is not in NCCL_DEBUG_SUBSYS=INIT,ENV
+
+
+@pytest.mark.parametrize("ifname, picked", [
+    ("enp1s0f1np1", "enp1s0f1np1"), ("enp", "enp1s0f1np1"), ("enP", "enP7s7"),  # prefix match, getifaddrs order
+    ("=enP2p1s0f1np1", "enP2p1s0f1np1"), ("^enP7,lo,docker", "enp1s0f1np1"), ("e", "enP7s7"),  # 1 char: auto
+    (None, "enP7s7")])                                                 # auto: ^docker,lo,virbr -> the 10 GbE NIC
+def test_nccl_socket_ifname_rules(tmp_path, ifname, picked):
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "BOOTSTRAP"}
+    if ifname is not None:
+        env["NCCL_SOCKET_IFNAME"] = ifname
+    comm, out = run_nccl(tmp_path, env)
+    assert comm.bootstrap.name == picked and f"Bootstrap: Using {picked}:" in out
+
+
+@pytest.mark.parametrize("ifname", ["eth0", "=enp1s0f1", "^enp,enP,lo"])
+def test_nccl_no_socket_interface_is_fatal(tmp_path, ifname):
+    err, out = run_nccl(tmp_path, dict(PROGRAM_ENV, NCCL_SOCKET_IFNAME=ifname, NCCL_DEBUG="WARN"))
+    assert isinstance(err, nccl.NcclError) and err.result == "ncclInvalidUsage"
+    assert "bootstrap.cc:126 (bootstrapNetInit) NCCL WARN Bootstrap : no socket interface found" in out
+    assert out.startswith("\n[")  # WARNs: a leading empty line, then the timestamp
+    msg = err.torch_message()
+    assert "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.30.7" in msg
+    assert msg.endswith("ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+                        "Bootstrap : no socket interface found")
+
+
+def test_nccl_down_interface_is_not_used(tmp_path):
+    m = fabric.with_rail(fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"]),
+                         "rocep1s0f1", state="DOWN")
+    err, out = run_nccl(tmp_path, dict(PROGRAM_ENV, NCCL_DEBUG="WARN"), m)  # its netdev is not IFF_RUNNING
+    assert isinstance(err, nccl.NcclError) and "Bootstrap : no socket interface found" in out
+    comm, out = run_nccl(tmp_path / "b", dict(PROGRAM_ENV, NCCL_SOCKET_IFNAME="enP2p1s0f1np1"), m)
+    assert [d["name"] for d in comm.devices] == ["roceP2p1s0f1"]  # the DOWN port is skipped, silently
+    assert "NET/IB : Using [0]roceP2p1s0f1:1/RoCE [RO]; OOB enP2p1s0f1np1:10.99.2.11<0>" in out
+
+
+@pytest.mark.parametrize("hca, used", [
+    ("rocep1s0f1,roceP2p1s0f1", ["rocep1s0f1", "roceP2p1s0f1"]), ("roce", ["rocep1s0f1", "roceP2p1s0f1"]),
+    ("rocep1s0f1:1", ["rocep1s0f1"]), ("=roceP2p1s0f1", ["roceP2p1s0f1"]), ("^roceP2", ["rocep1s0f1"]),
+    (None, ["rocep1s0f1", "roceP2p1s0f1"]), ("rocep1s0f1:2", []), ("=rocep1s0f", []), ("mlx5_0,mlx5_1", [])])
+def test_nccl_ib_hca_rules(tmp_path, hca, used):
+    env = dict(PROGRAM_ENV)
+    env.pop("NCCL_IB_HCA")
+    if hca is not None:
+        env["NCCL_IB_HCA"] = hca
+    res, out = run_nccl(tmp_path, env)
+    if used:
+        assert [d["name"] for d in res.devices] == used
+        return
+    assert isinstance(res, nccl.NcclError) and res.result == "ncclInvalidUsage"  # NCCL_NET=IB and no device
+    assert "NET/IB : No device found." in out and "Failed to initialize NET plugin IB" in out
+    assert "plugin/net.cc:349 (ncclNetInit) NCCL WARN Failed to initialize any NET plugin" in out
+
+
+def test_nccl_without_nccl_net_falls_back_to_sockets(tmp_path):
+    env = dict(PROGRAM_ENV, NCCL_IB_HCA="mlx5_0")
+    env.pop("NCCL_NET")
+    comm, out = run_nccl(tmp_path, env)
+    assert comm.net == "Socket" and "NET/Socket : Using [0]enp1s0f1np1:10.99.1.11<0>" in out
+    assert "Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0" in out
+    assert isinstance(run_nccl(tmp_path / "b", dict(PROGRAM_ENV, NCCL_NET="gIB"))[0], nccl.NcclError)
+    comm, out = run_nccl(tmp_path / "c", dict(PROGRAM_ENV, NCCL_IB_DISABLE="1", NCCL_NET="Socket"))
+    assert comm.net == "Socket"
+
+
+def test_nccl_needs_the_uverbs_devices(tmp_path):
+    err, out = run_nccl(tmp_path, PROGRAM_ENV, devices=False)
+    assert isinstance(err, nccl.NcclError) and "NCCL WARN NET/IB : Unable to open device rocep1s0f1" in out
+
+
+@pytest.mark.parametrize("env, gid, failure", [
+    ({}, 3, None), ({"NCCL_IB_GID_INDEX": "3"}, 3, None), ({"NCCL_IB_GID_INDEX": "-1"}, 3, None),
+    ({"NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_IB_ADDR_FAMILY": "AF_INET"}, 3, None),  # tsw2k's pair
+    ({"NCCL_IB_GID_INDEX": "7"}, 7, "ncclSystemError"),          # no GID there
+    ({"NCCL_IB_GID_INDEX": "300"}, 300, "ncclSystemError"),      # beyond the table
+    ({"NCCL_IB_GID_INDEX": "2"}, 2, "ncclRemoteError"),          # RoCE v1
+    ({"NCCL_IB_GID_INDEX": "0"}, 0, "ncclRemoteError"),          # link-local v1
+    ({"NCCL_IB_ROCE_VERSION_NUM": "1"}, 2, "ncclRemoteError"),   # the walk picks the IPv4 v1 GID
+    ({"NCCL_IB_ADDR_RANGE": "10.99.1.0/24"}, 3, None)])
+def test_nccl_gid_index(tmp_path, env, gid, failure):
+    res, out = run_nccl(tmp_path, dict(PROGRAM_ENV, NCCL_IB_HCA="rocep1s0f1", NCCL_DEBUG_SUBSYS="INIT,ENV,NET", **env))
+    if failure is None:
+        assert res.gid_index == {"rocep1s0f1": gid}, out
+        return
+    assert isinstance(res, nccl.NcclError) and res.result == failure, out
+    if failure == "ncclSystemError":
+        assert (f"NCCL WARN Call to ibv_modify_qp failed with 22 Invalid argument, on dev rocep1s0f1:1, curr state "
+                f"INIT, next state RTR, local GID index {gid}, local GID ::, remote GID N/A") in out
+        assert "HINT: In many cases this error occurs when the incorrect GID index is forced by NCCL_IB_GID_INDEX" in out
+    else:
+        assert "NCCL WARN NET/IB: Got completion from peer N/A with status=IBV_WC_RETRY_EXC_ERR(12)" in out
+        assert "hca rocep1s0f1" in out
+
+
+def test_nccl_gid_walk_finds_a_moved_ipv4_gid(tmp_path):
+    m = fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"])
+    m = fabric.with_rail(fabric.with_rail(m, "rocep1s0f1", gid_index=5), "roceP2p1s0f1", gid_index=5)
+    comm, _ = run_nccl(tmp_path, PROGRAM_ENV, m)
+    assert comm.gid_index == {"rocep1s0f1": 5, "roceP2p1s0f1": 5}
+    comm, _ = run_nccl(tmp_path / "b", dict(PROGRAM_ENV, NCCL_IB_GID_INDEX="3"), m)  # an IPv6 RoCE v2 GID: used
+    assert comm.gid_index["rocep1s0f1"] == 3
+
+
+def test_nccl_debug_levels_and_subsystems(tmp_path):
+    assert run_nccl(tmp_path, dict(PROGRAM_ENV, NCCL_DEBUG=""))[1] == ""          # NCCL_DEBUG unset: silent
+    assert run_nccl(tmp_path / "w", dict(PROGRAM_ENV, NCCL_DEBUG="WARN"))[1] == "NCCL version 2.30.7+cuda13.0\n"
+    out = run_nccl(tmp_path / "n", dict(PROGRAM_ENV, NCCL_DEBUG_SUBSYS="^INIT,ENV,NET"))[1]
+    assert "NET/IB : Using" not in out and "set by environment" not in out and "Bootstrap: Using" in out
+    out = run_nccl(tmp_path / "i", dict(PROGRAM_ENV, NCCL_DEBUG_SUBSYS="^INIT,ENV"))[1]
+    assert "NET/IB : Using" in out and "NCCL_IB_HCA set to" in out  # INIT|NET, NET|ENV lines: NET is on
+    assert nccl.parse_subsys(None) == nccl.INIT | nccl.BOOTSTRAP | nccl.ENV
+    assert nccl.parse_subsys("init,net") == nccl.INIT | nccl.NET
+
+
+def test_nccl_string_lists_and_strtoll():
+    assert nccl.parse_string_list("mlx5_0:1,mlx5_1,,:2") == [("mlx5_0", 1), ("mlx5_1", -1)]
+    assert [nccl._strtoll(s) for s in ("3", "0x10", "010", "-1", "abc", "7x")] == [3, 16, 8, -1, 0, 7]
+    assert nccl.match_if_list("rocep1s0f1", 1, [("roce", -1)], False)
+    assert not nccl.match_if_list("rocep1s0f1", 1, [("roce", -1)], True)
+    assert nccl.match_if_list("anything", 1, [], True)
+
+
+def test_gloo_needs_an_address_on_its_interface():
+    m = fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"])
+    ifs = spark_ifaddrs(m, down=("enp1s0f1np1",))
+    assert [i.name for i in nccl.gloo_device({"GLOO_SOCKET_IFNAME": "enp1s0f1np1"}, ifs)] == ["enp1s0f1np1"]
+    with pytest.raises(RuntimeError, match="Unable to find address for: eth0"):
+        nccl.gloo_device({"GLOO_SOCKET_IFNAME": "eth0"}, ifs)
+    assert nccl.gloo_device({}, ifs) == []
+
+
+def test_rank_init_prints_the_torch_error(tmp_path):
+    m, root, dev = spark_root(tmp_path)
+    import io
+    lines, buf = [], io.StringIO()
+    rc = nccl.rank_init(1, 2, env=dict(PROGRAM_ENV, NCCL_SOCKET_IFNAME="eth0"), sysfs=root, dev_root=dev,
+                        ifaddrs=spark_ifaddrs(m), out=buf, log=lines.append)
+    assert rc == 1 and lines[0].startswith("torch.distributed.DistBackendError: NCCL error in: ")
+    assert nccl.rank_init(1, 2, env=PROGRAM_ENV, sysfs=root, dev_root=dev, ifaddrs=spark_ifaddrs(m), out=buf,
+                          log=lines.append) == 0
+
+
+def test_getifaddrs_sees_loopback():
+    ifs = nccl.getifaddrs()
+    assert any(i.name == "lo" and i.addr == "127.0.0.1" and i.flags & nccl.IFF_UP for i in ifs)
