@@ -170,29 +170,38 @@ FABRIC_FAULTS = {
         lambda: sim_cluster.set_rail(CLUSTER, "spark3", "rocep1s0f1", mtu=1500),
         "preflight spark3: FAIL fabric-mtu: enp1s0f1np1 (rocep1s0f1) has MTU 1500, fabric.mtu is 9000"),
     "the fabric IP on the management interface": (
-        None,  # a config change: spark2's fabricIp is its host (the 10 GbE management address)
+        None,  # a config change: every fabricIp is its node's host (the 10 GbE management addresses)
         "preflight spark2: FAIL fabric-ip: fabricIp 172.30.99.12 is on enP7s7, which is not a ConnectX-7 interface"),
 }  # fmt: skip
 
 
 def test_each_fabric_fault_fails_up_in_preflight_naming_node_link_figure_and_fix(first, project):
-    """The group restarts (serving.generation), so preflight runs again; with the fabric broken it fails,
-    and the running group is neither stopped nor joined by a new rank."""
-    project.set_config("cluster.serving.generation", "1")
+    """Each try restarts the group (a new serving.generation: a preflight that passed in an earlier failed
+    `up` is not re-run for the same revision), so every node's preflight runs again; with the fabric
+    broken it fails, and the running group is neither stopped nor joined by a new rank."""
     failures = {}
-    for fault, (breaks, expect) in FABRIC_FAULTS.items():
+    for generation, (fault, (breaks, expect)) in enumerate(FABRIC_FAULTS.items(), start=1):
+        project.set_config("cluster.serving.generation", str(generation))
         before = containers_of(STACK)
         if breaks is None:
+            # one node alone on the management subnet: refused at preview (it shares no link with its peers)
             project.set_config("cluster.nodes[1].fabricIp", "172.30.99.12")
+            refused = project.preview()
+            assert refused.code != 0 and "spark1 and spark2 have no data-plane addresses in one /24 subnet" in refused.text
+            for i in (0, 2):
+                project.set_config(f"cluster.nodes[{i}].fabricIp", f"172.30.99.1{i + 1}")
         else:
             breaks()
         run, events = timed_up(project, f"sim: up with {fault} (fails in preflight)", expect_ok=False)
         failures[fault] = run
-        assert run.code != 0 and expect in run.text, (fault, run.text[-4000:])
+        fails = [line.strip() for line in run.text.splitlines() if "FAIL" in line or "error:" in line]
+        assert run.code != 0 and expect in run.text, (fault, fails or run.text[-4000:])
         assert containers_of(STACK) == before, fault
         assert not [e for e in events if e.action in ("destroy", "start") and e.name in RANKS], fault
         if breaks is None:
-            project.set_config("cluster.nodes[1].fabricIp", "10.99.1.12")
+            assert "control and data plane on one address" in run.text  # the preview's warning
+            for i in range(3):
+                project.set_config(f"cluster.nodes[{i}].fabricIp", f"10.99.1.1{i + 1}")
         sim_cluster.reset_fabric(CLUSTER)
     assert "42" in ask(first.env)  # the old group served throughout
 
@@ -200,6 +209,7 @@ def test_each_fabric_fault_fails_up_in_preflight_naming_node_link_figure_and_fix
 def test_a_link_that_carries_13_gbps_fails_the_gate_then_a_healthy_fabric_comes_up(first, project):
     """ethtool says 200G, the link carries 6.5 Gb/s per twin: preflight passes, the bandwidth gate fails
     naming the pairs and figures, and no new rank starts; with the link repaired `up` converges."""
+    project.set_config("cluster.serving.generation", str(len(FABRIC_FAULTS) + 1))
     for rail in ("rocep1s0f1", "roceP2p1s0f1"):
         sim_cluster.set_rail(CLUSTER, "spark2", rail, gbps=6.5)
     run, events = timed_up(project, "sim: up with a link carrying 13 Gb/s (fails at the gate)", expect_ok=False)
