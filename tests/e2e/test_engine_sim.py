@@ -165,7 +165,8 @@ FABRIC_FAULTS = {
         lambda: [sim_cluster.set_rail(CLUSTER, "spark3", rail, speed_mbps=100000, gbps=46.5)
                  for rail in ("rocep1s0f1", "roceP2p1s0f1")],
         "preflight spark3: FAIL fabric-link-speed: enp1s0f1np1 (rocep1s0f1) negotiated 100000Mb/s, "
-        "fabric.linkSpeedMbps is 200000: on a switch, set the port to 200G with autonegotiation off"),
+        "fabric.linkSpeedMbps is 200000 (a port left at 100G halves the fabric); on a switch, set the port to "
+        "200G with autonegotiation off"),
     "an MTU mismatch": (
         lambda: sim_cluster.set_rail(CLUSTER, "spark3", "rocep1s0f1", mtu=1500),
         "preflight spark3: FAIL fabric-mtu: enp1s0f1np1 (rocep1s0f1) has MTU 1500, fabric.mtu is 9000"),
