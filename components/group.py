@@ -82,6 +82,9 @@ def container_args(
             for m in spec.mounts
         ],
         restart=spec.restart,
+        # The memory plan's figure for this rank, swap included (no swap): its cgroup kills a runaway rank.
+        memory=spec.memory_mib,
+        memory_swap=spec.memory_mib,
         must_run=True,
         # The model takes minutes to load: no docker-level wait; Readiness gates `up` instead.
         wait=False,

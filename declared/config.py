@@ -102,6 +102,8 @@ class ServingConfig(_Strict):
     extra_args: list[Printable] = Field(default_factory=list)
     extra_env: dict[EnvKey, Printable] = Field(default_factory=dict)
     generation: int = Field(default=0, ge=0, le=2**31, description="bump to restart the whole group (e.g. after a rank died)")
+    nccl_debug: bool = Field(default=False, description="NCCL_DEBUG=INFO (INIT,NET) from the next restart: which "
+                             "transport every rank's NCCL chose (dspark logs --nccl, dspark doctor)")
     # SGLang only (rules.py refuses them on vllm; the None ones are required on sglang).
     dist_port: int = Field(default=20000, ge=1024, le=65535)
     ep_size: int | None = Field(default=None, ge=1, le=8)
@@ -198,6 +200,8 @@ class MemoryConfig(_Strict):
     unified_gib: float = Field(default=121.7, gt=16, le=128, alias="unifiedGiB", description="unified memory per Spark")
     runtime_floor_gib: float = Field(default=3.0, ge=0, le=64, alias="runtimeFloorGiB",
                                      description="kept free outside the static pool")  # fmt: skip
+    host_reserve_gib: float = Field(default=1.5, ge=0.5, le=64, alias="hostReserveGiB",
+                                    description="kept for sshd, dockerd and the OS: no rank container may use it")  # fmt: skip
 
 
 class ImageBuildConfig(_Strict):

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", "-f", action="store_true", help="stream one rank's log (needs --rank)")
     sp.add_argument("--since", type=_since, metavar="DURATION", help="e.g. 10m, 2h, 2025-01-01T00:00:00Z")
     sp.add_argument("--tail", type=_tail, default="100", metavar="N", help="lines per rank, or 'all' (default 100)")
+    sp.add_argument("--nccl", action="store_true", help="only NCCL's device and transport lines (serving.ncclDebug)")
     sp = add("doctor", cmd_doctor, "preflight now + drift, each finding with its fix")
     sp.add_argument("--json", action="store_true", help="machine-readable output (shape: see --help above)")
     sp = add("smoke", cmd_smoke, "one chat completion and one streamed one")
@@ -133,7 +134,7 @@ def main(
             return cmd_status.run(stack, nodes, args.json, out, watch=args.watch, count=args.count, sleep=sleep)
         if args.command == "logs":
             return cmd_logs.run(stack, nodes, out, err, rank=args.rank, follow=args.follow, since=args.since,
-                                tail=args.tail)  # fmt: skip
+                                tail=args.tail, nccl=args.nccl)  # fmt: skip
         if args.command == "doctor":
             return cmd_doctor.run(stack, nodes, args.json, out)
     except DsparkError as exc:

@@ -16,6 +16,7 @@ JSON shape (`--json`):
          "preflight": {"exit_code": 0, "ok": ["docker", "gpu", ...], "failed": [{"check": "gpu-idle", "message": "..."}]},
          "fabric": null | {"hca": "rocep1s0f1,roceP2p1s0f1", "socket_ifname", "gid_index", "rails": [...], "ports": {}},
          "container": {"name": "tp3-rank0", "state": "running", "exit_code": 0, "revision": "..."},
+         "nccl_transport": null | "NET/IB" | "NET/Socket",   # from the rank's log (serving.ncclDebug: true)
          "engram": null | {"dir": "...", "present": ["engram-l1-r0of3.bin"], "missing": ["engram-l14-r0of3.bin"]},
          "checkpoint_volume": null | {"name": "tp3-checkpoint", "exists": true, "mountpoint": "...",
                                       "mounted": true, "stat": "ok" | "hung" | "stale" | "failed" | "unknown"}}
@@ -36,12 +37,12 @@ from typing import Callable, Optional, TextIO
 import yaml
 
 from planning import commands, plan
-from programs import probe
+from programs import bootlog, probe
 
 from . import api
 from .nodes import (
-    SSH_FAILED, Node, Nodes, fabric_report, files_cmd, inspect_cmd, parse_files, parse_inspect, parse_preflight,
-    preflight_cmd,
+    SSH_FAILED, Node, Nodes, fabric_report, files_cmd, inspect_cmd, logs_cmd, parse_files, parse_inspect,
+    parse_preflight, parse_preflight_notes, preflight_cmd,
     volume_probe_cmd,
 )  # fmt: skip
 from .render import table, to_json
@@ -101,8 +102,8 @@ def _stat_result(lines: dict[str, str]) -> str:
 def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
     cfg, name = stack.cfg, stack.plan_name
     result: dict = {"rank": node.rank, "node": node.name, "reachable": True, "preflight": None, "fabric": None,
-                    "container": None, "engram": None, "checkpoint_volume": None, "_findings": [],
-                    "_notes": []}  # fmt: skip
+                    "container": None, "nccl_transport": None, "engram": None, "checkpoint_volume": None,
+                    "_findings": [], "_notes": []}  # fmt: skip
     findings: list[Finding] = result["_findings"]
     code, out = nodes.run(node, preflight_cmd(commands.preflight(cfg, name, node.rank)))
     ok, failed = parse_preflight(out)
@@ -115,6 +116,7 @@ def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
         return result
     result["preflight"] = {"exit_code": code, "ok": ok, "failed": [{"check": c, "message": m} for c, m in failed]}
     result["fabric"] = fabric_report(out)  # the rails, GIDs and socket interface NCCL gets on this node
+    result["_notes"] += parse_preflight_notes(out)
     for check, message in failed:
         problem, _, fix = message.partition("; ")
         findings.append(Finding(node.name, node.rank, f"preflight:{check}", problem, fix or "see the message"))
@@ -143,6 +145,19 @@ def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
                                 f"the stack's is {expected}",
                                 f"run `pulumi up --refresh --stack {stack.name}`: refresh reads the label, up replaces "
                                 "the whole group with the stack's revision"))  # fmt: skip
+
+    if c.state == "running":  # which transport this rank's NCCL chose (logged at serving.ncclDebug: true)
+        lcode, ltext = nodes.run(node, logs_cmd(node.container, tail="5000"))
+        transport = bootlog.nccl_transport(ltext) if lcode == 0 else None
+        result["nccl_transport"] = transport
+        if transport == "NET/Socket":
+            findings.append(Finding(node.name, node.rank, "nccl-socket",
+                                    f"rank {node.rank}'s NCCL moves data over NET/Socket (TCP), not RoCE",
+                                    "check the rails (the fabric lines above, `dspark logs --nccl`), then restart the "
+                                    "group: bump serving.generation"))  # fmt: skip
+        elif transport is None and lcode == 0 and not cfg.serving.nccl_debug:
+            result["_notes"].append(f"{node.name}: NCCL logged no transport (NCCL_DEBUG=WARN); set serving.ncclDebug: "
+                                    "true for the next restart to see it")
 
     if cfg.engine == "sglang" and cfg.engram is not None:
         files = plan.shard_files(node.rank, cfg.serving.tp_size)
@@ -258,7 +273,9 @@ def fabric_lines(doc: dict) -> list[str]:
         if f:
             rails = ", ".join(f"{x['hca']} ({x['netdev']} {x['ip'] or '-'}, {x['state']}, gid {x['gid_index']})"
                               for x in f["rails"]) or "none"  # fmt: skip
-            out.append(f"fabric {r['node']}: NCCL_IB_HCA={f['hca'] or '-'} socket {f['socket_ifname'] or '-'}; rails {rails}")
+            used = f"; NCCL used {r['nccl_transport']}" if r.get("nccl_transport") else ""
+            out.append(f"fabric {r['node']}: NCCL_IB_HCA={f['hca'] or '-'} socket {f['socket_ifname'] or '-'}; "
+                       f"rails {rails}{used}")
     for group, rep in sorted((doc.get("fabric_gate") or {}).items()):
         for p in (rep or {}).get("pairs", []):
             rails = ", ".join(f"{x['client']}<->{x['server']} {x['gbps']:g}" for x in p["rails"])

@@ -283,6 +283,11 @@ def parse_preflight(out: str) -> tuple[list[str], list[tuple[str, str]]]:
     return ok, failed
 
 
+def parse_preflight_notes(out: str) -> list[str]:
+    """The preflight's notes (reported, not failed), e.g. no user-space OOM guard."""
+    return [m.group(1) for m in re.finditer(r"^preflight ([^:]*: note \S+: .*)$", out, re.M)]
+
+
 def preflight_checks(script: str) -> list[str]:
     """The check names a preflight script reports (`ok <name>`), in order (the fabric program's own
     checks where the script runs it)."""

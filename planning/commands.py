@@ -62,6 +62,10 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         'if [ "${busy:-0}" -gt 0 ] && [ "${mine:-0}" -eq 0 ]; then '
         'fail gpu-idle "$busy process(es) already use the GPU; stop them (nvidia-smi shows which) before serving"; '
         "else ok gpu-idle; fi",
+        # a user-space OOM guard: reported, not required (a node out of memory can lock up instead of killing)
+        "if pgrep -x earlyoom >/dev/null 2>&1 || systemctl is-active --quiet systemd-oomd 2>/dev/null; then "
+        "ok oom-guard; else echo \"preflight $node: note oom-guard: neither earlyoom nor systemd-oomd runs, so memory "
+        "pressure can wedge the node instead of killing a rank; install one (apt install earlyoom)\"; fi",
         # RDMA devices for NCCL over RoCE
         "if [ -e /dev/infiniband ]; then ok infiniband; else "
         'fail infiniband "/dev/infiniband is missing; install the MLNX/DOCA OFED drivers"; fi',

@@ -339,8 +339,9 @@ def nccl_env(cfg: ClusterConfig) -> dict[str, str]:
         "NCCL_IB_MERGE_NICS": "0",
         "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
         "NCCL_CUMEM_ENABLE": "0",
-        "NCCL_DEBUG": "WARN",
-        "NCCL_DEBUG_SUBSYS": "INIT,ENV",
+        # serving.ncclDebug: INFO shows the devices and transport NCCL chose (`via NET/IB` or `NET/Socket`)
+        "NCCL_DEBUG": "INFO" if cfg.serving.nccl_debug else "WARN",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET" if cfg.serving.nccl_debug else "INIT,ENV",
     }
     if f.tuned_buffers:  # pinned NCCL buffers: 4.7 GiB per node by default, ~0.14 GB with these
         env.update(
@@ -509,7 +510,9 @@ def launch_wrapper(
       input, a docker label or `docker inspect` args: `key="arg"` appends `--api-key <key>`
       (SGLang), `key="env:NAME"` exports it as NAME (vLLM reads VLLM_API_KEY), None ignores it.
     """
-    script = "set -eu\n" + rails_env(sysfs)
+    script = (f"set -eu\n# the rank, not sshd or dockerd, is what the kernel kills first when the node runs out\n"
+              f"echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null || "
+              "echo 'deepseek-spark: could not raise oom_score_adj' >&2\n" + rails_env(sysfs))
     quoted = shlex.quote(key_file)
     if key == "arg":
         script += f'if [ -r {quoted} ]; then\n  set -- "$@" --api-key "$(cat {quoted})"\nfi\n'
@@ -544,6 +547,8 @@ class RankSpec:
         default_factory=lambda: {"memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
     )
     devices: list[str] = field(default_factory=lambda: ["/dev/infiniband"])
+    # the container's memory limit (memory = memory_swap: no swap), from the memory plan (rank_memory_mib)
+    memory_mib: int | None = None
     capabilities: list[str] = field(default_factory=lambda: ["IPC_LOCK"])
     network_mode: str = "host"
     ipc_mode: str = "host"
@@ -553,6 +558,19 @@ class RankSpec:
     @property
     def role(self) -> str:
         return "head" if self.rank == 0 else "worker"
+
+
+OOM_SCORE_ADJ = 500  # the rank, not sshd or dockerd, is the kernel's first choice when the node runs out
+
+
+def rank_memory_mib(cfg: ClusterConfig, rank: int) -> int:
+    """The rank container's memory limit: what the memory plan gives this rank (its static pool and
+    what it needs outside it) plus the runtime floor as headroom, never more than the node less
+    memory.hostReserveGiB. A runaway rank is then killed by its cgroup instead of wedging the node."""
+    mp = memory_plan(cfg)
+    r = mp.ranks[0 if rank == 0 else -1]
+    want = r.static_pool_gib + r.outside_needed_gib + cfg.memory.runtime_floor_gib
+    return int(min(want, cfg.memory.unified_gib - cfg.memory.host_reserve_gib) * 1024)
 
 
 def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[RankSpec]:
@@ -576,6 +594,7 @@ def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[Ra
                 mounts=mounts,
                 checkpoint=volume_options(cfg, rank),
                 generation=cfg.serving.generation,
+                memory_mib=rank_memory_mib(cfg, rank),
             )
         )
     return specs
@@ -679,7 +698,7 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
             RankSpec(rank=rank, node=node.name, container_name=container_name(stack, rank), image=cfg.image,
                      entrypoint=["/bin/sh", "-c", launch_wrapper(run, key=key), role], args=args,
                      env=vllm_env(cfg, rank), mounts=mounts, checkpoint=volume_options(cfg, rank),
-                     generation=cfg.serving.generation)
+                     generation=cfg.serving.generation, memory_mib=rank_memory_mib(cfg, rank))
         )  # fmt: skip
     return specs
 

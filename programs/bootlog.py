@@ -70,3 +70,17 @@ def verdict(boot: dict, expected_tokens: int, min_share: float) -> str | None:
     return (f"the KV pool rank 0 obtained is {got:,} tokens, {got / expected_tokens:.0%} of the {expected_tokens:,} "
             f"the plan expects (threshold {min_share:.0%}); likely causes: memory held on the head (page cache, "
             "another process or container: see `dspark doctor`), or a pin above what this TP layout obtains")
+
+
+# NCCL's own lines (NCCL_DEBUG=INFO, src/transport/net_ib/init.cc and src/transport/net.cc): the
+# devices NET/IB uses, and each channel's transport (`via NET/IB/0` over RoCE, `via NET/Socket/0` over TCP).
+NCCL_TRANSPORT_LINE = re.compile(r"NCCL (?:INFO|WARN) (?:NET/IB : Using|NET/Socket : Using|.* via NET/)|NCCL WARN")
+NCCL_VIA = re.compile(r"\bvia NET/(IB|Socket)\b")
+
+
+def nccl_transport(text: str) -> str | None:
+    """`NET/IB` or `NET/Socket` (either wins if any channel used it: a socket fallback is what matters),
+    from a rank's log at NCCL_DEBUG=INFO; None when NCCL logged no channel (NCCL_DEBUG=WARN)."""
+    seen = set(NCCL_VIA.findall(text))
+    return "NET/Socket" if "Socket" in seen else ("NET/IB" if "IB" in seen else None)
+

@@ -9,6 +9,7 @@ a new stateDir -> a node stopped mid-`up`, then `up` converges -> destroy keeps 
 Orders are read from the nodes' docker event timestamps, never from the engine's output order.
 """
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -19,7 +20,10 @@ from e2e.conftest import (
     CLUSTER, ask, client_env, container_events, containers_of, first_event, node_sh, openai_client,
     resources_summary,
 )  # fmt: skip
+from declared import config
 from e2e.timings import TIMINGS
+from planning import plan
+from programs import bootlog
 from sim import cluster as sim_cluster
 
 pytestmark = pytest.mark.e2e
@@ -155,6 +159,19 @@ def test_the_ranks_use_both_twins_and_the_gate_measured_every_pair(first, projec
     TIMINGS["sim: fabric gate (3 pairs x 2 rails), seconds measuring"] = sum(p["seconds"] for p in pairs.values())
 
 
+def test_rank_containers_carry_the_memory_plans_limit_and_the_oom_score(first, project):
+    """The limit the preview shows (memory = memorySwap, from the memory plan) is the container's cgroup
+    limit on the node, and the rank's process is the kernel's first OOM choice."""
+    text = project.cli("config", "get", "deepseek-spark:cluster", "--json").check().text
+    doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    cfg = config.parse_cluster(doc.get("objectValue") or json.loads(doc["value"]))
+    for rank, (name, node) in enumerate(zip(RANKS, NODES)):
+        memory, swap, pid = node_sh(node, f"docker inspect -f '{{{{.HostConfig.Memory}}}} {{{{.HostConfig.MemorySwap}}}} "
+                                          f"{{{{.State.Pid}}}}' {name}").split()
+        assert int(memory) == int(swap) == plan.rank_memory_mib(cfg, rank) * 1024 * 1024
+        assert node_sh(node, f"cat /proc/{pid}/oom_score_adj").strip() == str(plan.OOM_SCORE_ADJ)
+
+
 # fault -> (how the sim breaks the fabric, what `up` must say); each fails `up` before any rank starts
 FABRIC_FAULTS = {
     "a twin down": (
@@ -222,6 +239,18 @@ def test_a_link_that_carries_13_gbps_fails_the_gate_then_a_healthy_fabric_comes_
     timed_up(project, "sim: up after the fabric is repaired")
     assert "42" in ask(first.env)
     assert project.outputs()["fabric"]["sim"]["ok"]
+
+
+def test_nccl_debug_shows_every_rank_on_net_ib(first, project):
+    """serving.ncclDebug: NCCL_DEBUG=INFO from the next restart; every rank's NCCL (the double, with NCCL
+    2.30's device selection) logs both twins and channels via NET/IB."""
+    project.set_config("cluster.serving.ncclDebug", "true")
+    timed_up(project, "sim: ncclDebug on, up to answer")
+    for name, node in zip(RANKS, NODES):
+        logs = node_sh(node, f"docker logs {name} 2>&1")
+        assert bootlog.nccl_transport(logs) == "NET/IB", logs[-2000:]
+        assert "NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE" in logs
+    assert "42" in ask(first.env)
 
 
 def test_an_argv_the_image_refuses_fails_up_at_the_check_before_any_rank_stops(first, project):

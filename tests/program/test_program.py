@@ -93,6 +93,8 @@ def test_rank_container_settings(rec):
         assert i["networkMode"] == "host" and i["ipcMode"] == "host"
         assert i["gpus"] == "all" and i["restart"] == "no" and i["mustRun"] is True
         assert i["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband", "permissions": "rwm"}]
+        # the memory plan's limit for this rank, swap included: a runaway rank is killed by its cgroup
+        assert i["memory"] == i["memorySwap"] and 100 * 1024 < i["memory"] <= int((121.7 - 1.5) * 1024)
         ulimits = {u["name"]: (u["soft"], u["hard"]) for u in i["ulimits"]}
         assert ulimits["memlock"] == (-1, -1) and ulimits["stack"] == (67108864, 67108864)
         env = dict(e.split("=", 1) for e in i["envs"])

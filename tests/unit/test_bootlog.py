@@ -89,3 +89,13 @@ def test_probe_reads_rank0_log_over_ssh_with_a_grep():
 def test_readiness_command_carries_the_plan_figures():
     cmd = commands.readiness(parse_cluster(cluster_of("tp4")), "tp4")
     assert "--engine sglang --expect-kv-tokens 5980000 --min-kv-share 0.9 --kv-shortfall fail" in cmd
+
+
+def test_nccl_transport_from_a_ranks_log_at_nccl_debug_info():
+    ib = ("spark1:42:42 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.99.1.11<0>\n"
+          "spark1:42:42 [0] NCCL INFO Channel 00/0 : 2[0] -> 0[0] [receive] via NET/IB/0\n")
+    assert bootlog.nccl_transport(ib) == "NET/IB"
+    assert bootlog.nccl_transport(ib + "spark1:42:42 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n") == "NET/Socket"
+    assert bootlog.nccl_transport("deepseek-spark: rank 0 NCCL_IB_HCA=rocep1s0f1\n") is None  # NCCL_DEBUG=WARN
+    kept = [line for line in ib.splitlines() + ["INFO: Started server process"] if bootlog.NCCL_TRANSPORT_LINE.search(line)]
+    assert len(kept) == 2

@@ -331,3 +331,13 @@ def test_ray_worker_gives_up_when_the_head_never_answers(tmp_path):
                          timeout=60)  # fmt: skip
     assert out.returncode == 1 and "started" not in out.stdout
     assert f"the Ray head 127.0.0.1:{port} did not answer in time" in out.stdout
+
+
+def test_preflight_reports_a_missing_oom_guard_as_a_note_not_a_failure(node_env):
+    script = commands.preflight(cfg_for(node_env), "tp4", 1)
+    without = run(script, node_env, rank=1)
+    assert "preflight spark2: note oom-guard: neither earlyoom nor systemd-oomd runs" in without.stdout
+    assert "FAIL oom-guard" not in without.stderr
+    (node_env / "bin" / "pgrep").write_text('#!/bin/sh\n[ "$2" = earlyoom ]\n')
+    (node_env / "bin" / "pgrep").chmod(0o755)
+    assert "preflight spark2: ok oom-guard" in run(script, node_env, rank=1).stdout

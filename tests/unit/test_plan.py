@@ -140,7 +140,8 @@ def _run_wrapper(tmp_path, env, key=None, gid_at=None, ifaces=None, check=True):
     bin_dir.mkdir(exist_ok=True)
     fake = fakefabric.install(tmp_path / "fabric", bin_dir, ifaces or fakefabric.spark_ifaces(1), gid_at=gid_at)
     (bin_dir / "server").write_text('#!/bin/sh\necho "HCA=$NCCL_IB_HCA GID=${NCCL_IB_GID_INDEX:-} '
-                                    'IF=$NCCL_SOCKET_IFNAME GLOO=$GLOO_SOCKET_IFNAME"\nprintf "ARG=%s\\n" "$@"\n')
+                                    'IF=$NCCL_SOCKET_IFNAME GLOO=$GLOO_SOCKET_IFNAME OOM=$(cat /proc/self/oom_score_adj)"\n'
+                                    'printf "ARG=%s\\n" "$@"\n')
     (bin_dir / "server").chmod(0o755)
     key_file = tmp_path / "key"
     if key is not None:
@@ -157,6 +158,7 @@ def _run_wrapper(tmp_path, env, key=None, gid_at=None, ifaces=None, check=True):
 def test_wrapper_exports_both_twins_their_gid_and_the_socket_interface_then_appends_the_key(tmp_path):
     out = _run_wrapper(tmp_path, {}, key="sk-abc").stdout
     assert "HCA=rocep1s0f1,roceP2p1s0f1 GID=3 IF=enp1s0f1np1 GLOO=enp1s0f1np1" in out
+    assert f"OOM={plan.OOM_SCORE_ADJ}" in out  # the rank is the kernel's first choice, not sshd or dockerd
     assert out.splitlines()[-4:] == ["ARG=--tp", "ARG=4", "ARG=--api-key", "ARG=sk-abc"]
 
 
@@ -253,3 +255,19 @@ def test_vllm_head_does_not_serve_when_the_ray_gate_fails(tmp_path):
                          capture_output=True)  # fmt: skip
     assert out.returncode == 1, out.stderr
     assert not log.exists()
+
+
+def test_rank_memory_limits_follow_the_memory_plan_and_keep_the_host_reserve():
+    """TP4: static pool 97.4 + outside 5.7 + the 3 GiB floor as headroom; TP3 (0.95 of the node) is
+    capped at the node less memory.hostReserveGiB, the room sshd and dockerd keep."""
+    tp4, tp3 = cfg_of("tp4"), cfg_of("tp3")
+    head = plan.memory_plan(tp4).ranks[0]
+    assert plan.rank_memory_mib(tp4, 0) == plan.rank_memory_mib(tp4, 3) == int(
+        (head.static_pool_gib + head.outside_needed_gib + 3.0) * 1024)
+    assert 106 * 1024 < plan.rank_memory_mib(tp4, 0) < 107 * 1024
+    assert plan.rank_memory_mib(tp3, 1) == int((121.7 - 1.5) * 1024)
+    assert all(s.memory_mib == plan.rank_memory_mib(tp4, s.rank) for s in plan.rank_specs(tp4, "tp4"))
+    assert all(s.memory_mib for s in plan.vllm_specs(cfg_of("tp2"), "tp2"))
+    raw = cluster_of("tp3")
+    raw["memory"] = {"hostReserveGiB": 4}
+    assert plan.rank_memory_mib(parse_cluster(raw), 0) == int((121.7 - 4) * 1024)
