@@ -85,6 +85,17 @@ ADAPTATIONS: list[Adaptation] = [
                "host's bridge gives",
                "no ConnectX-7 or 200G link in a container; docker veths report 10000Mb/s",
                "sim/cluster.py, sim/fabric.py"),
+    Adaptation("ib_write_bw is a stand-in ported from perftest 4.5-0.17 (options, value checks, messages and "
+               "exit codes as Debian's binary, compared in tests/conformance/test_perftest.py): no RDMA moves; its "
+               "BW average is min(client, server rail gbps) from the link model, without noise; rails in different "
+               "subnets, or a GID other than the rail's IPv4 RoCE v2 one, fail as an unreachable RC QP does (the "
+               "real pair might connect over RoCE v1 or link-local GIDs); the transfer sleeps at most 0.3 s; the "
+               "two sides exchange JSON lines instead of perftest's wire format; rdma_cm, UC/XRC/DC, AES-XTS and "
+               "counters are parsed and checked, not modelled (the full list: the stand-in's docstring)",
+               "no RDMA device on the test machine", "sim/assets/node/ib_write_bw"),
+    Adaptation("the rank's memory limit (memory = memorySwap from the memory plan) is a real cgroup limit on the "
+               "node, but no double allocates memory like a rank, so no test shows a rank killed at its limit",
+               "the engine doubles hold no model", "planning/plan.py rank_memory_mib"),
     Adaptation("the RoCE devices exist only in a simulated sysfs (sim-fabric: a tmpfs of bind mounts of the real "
                "entries plus fake files, rbind-mounted over /sys/class, /sys/devices and /sys/bus): only the cabled "
                "port's twins (rocep1s0f1, roceP2p1s0f1; the second QSFP port's rocep1s0f0/roceP2p1s0f0 are absent); "
