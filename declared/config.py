@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 
 from .shapes import (
-    _ENGINE_VERSION, _HCA_LIST, _HF_REPO, _HOST_KEY, _IFNAME_LIST, _IMAGE, _NAME, _NETDEV, _REVISION, _ENV_KEY, api_key_problem,
+    _ENGINE_VERSION, _HCA_LIST, _HF_REPO, _HOST_KEY, _IFNAME_LIST, _IMAGE, _NAME, _REVISION, _ENV_KEY, api_key_problem,
     check_host, check_options, check_path, check_printable, shape,
 )  # fmt: skip
 

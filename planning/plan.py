@@ -382,7 +382,6 @@ ADAPTER_ENV = frozenset({"SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "SGLANG_DSV41_
 
 def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     s = cfg.serving
-    node = cfg.nodes[rank]
     env = {
         **nccl_env(cfg),
         **plane_env(cfg, rank),
@@ -602,7 +601,6 @@ def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[Ra
 
 def vllm_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     s = cfg.serving
-    node = cfg.nodes[rank]
     env = {
         **nccl_env(cfg),
         **plane_env(cfg, rank),
