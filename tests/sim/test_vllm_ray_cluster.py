@@ -40,9 +40,10 @@ def head_cmd(info, extra_env: dict | None = None) -> str:
                       ["/srv/models/DS4.1:/models/checkpoint:ro", f"{HOST_KEY_FILE}:{API_KEY_FILE}:ro"])
 
 
-def worker_cmd(info) -> str:
+def worker_cmd(info, extra_env: dict | None = None) -> str:
     head_ip, ip = info.nodes[0].ip, info.nodes[1].ip
-    return docker_run(WORKER, worker_env(ip), worker_args(head_ip, ip, RAY_PORT), WORKER_WRAPPER, "ray-worker", [])
+    return docker_run(WORKER, dict(worker_env(ip), **(extra_env or {})), worker_args(head_ip, ip, RAY_PORT),
+                      WORKER_WRAPPER, "ray-worker", [])
 
 
 def state(info, node, name) -> str:
@@ -141,11 +142,12 @@ def test_vllm_ray_head_and_worker_serve_then_break(sim_cluster, pair):
 def test_worker_exits_when_head_goes(sim_cluster, pair):
     n0, n1 = pair
     ssh(sim_cluster, n0, head_cmd(sim_cluster))
-    ssh(sim_cluster, n1, worker_cmd(sim_cluster))
+    # real Ray: the worker's raylet gives up on the GCS after gcs_rpc_server_reconnect_timeout_s (60 s by
+    # default; 10 s here, through Ray's own RAY_<config> variable, to keep the test short), then
+    # `ray start --block` sees a Ray process die and exits 1
+    ssh(sim_cluster, n1, worker_cmd(sim_cluster, {"RAY_gcs_rpc_server_reconnect_timeout_s": "10"}))
     assert wait_for(lambda: http(f"http://{n0.ip}:{HTTP_PORT}/health")[0] == 200, 60), logs(sim_cluster, n0, HEAD)
     ssh(sim_cluster, n0, f"docker stop {HEAD}")
-    # real Ray: the worker's raylet gives up on the GCS after gcs_rpc_server_reconnect_timeout_s (60 s),
-    # then `ray start --block` sees a Ray process die and exits 1
     st = exited(sim_cluster, n1, WORKER, 120)
     assert st and st != "exited 0", (st, logs(sim_cluster, n1, WORKER))
 
