@@ -94,8 +94,24 @@ ADAPTATIONS: list[Adaptation] = [
                "counters are parsed and checked, not modelled (the full list: the stand-in's docstring)",
                "no RDMA device on the test machine", "sim/assets/node/ib_write_bw"),
     Adaptation("the rank's memory limit (memory = memorySwap from the memory plan) is a real cgroup limit on the "
-               "node, but no double allocates memory like a rank, so no test shows a rank killed at its limit",
-               "the engine doubles hold no model", "planning/plan.py rank_memory_mib"),
+               "node, but the doubles allocate almost nothing: the test of a rank killed at its limit lowers the "
+               "limit to 256 MiB (docker update) and makes the double allocate without bound (SIGUSR1, a "
+               "test-double fault); the kill, OOMKilled and what status says are real",
+               "the engine doubles hold no model and the test machine cannot hold ~120 GiB per rank",
+               "sim/testdouble/server.py, tests/e2e/test_engine_sim.py"),
+    Adaptation("a node's /proc/meminfo is a file rendered from a model (sim-meminfo, bind-mounted over the real one "
+               "at boot): 121.7 GiB, 2.4 GiB for the OS; page cache = files under /srv and in docker volumes written "
+               "since the last drop, x2**18 (the 1.9 MB fake checkpoint stands for ~460 GiB), capped by what is "
+               "free; MemAvailable = free + 90% of the cache; `sysctl -w vm.drop_caches=N` is a stand-in that empties "
+               "the modelled cache (root only, as procps; any other key goes to /proc/sys); held memory "
+               "(`python -m sim hold-memory`) is a real process named sim-memory-hold touching 128 MiB, counted as "
+               "the size asked; the ranks' own use, dirty pages, the kernel's watermarks and CUDA's view of free "
+               "memory are not modelled",
+               "a sim node is a container on a machine with far less memory than a Spark, sharing its kernel",
+               "sim/meminfo.py, sim/assets/node/sysctl"),
+    Adaptation("the doubles' compile cache is one file (~/.cache/flashinfer/dspark-sim-autotune.json) written at "
+               "the first boot on an empty cache and reported as reused after; nothing is compiled",
+               "the engine doubles have no kernels", "sim/testdouble/server.py compile_cache"),
     Adaptation("the RoCE devices exist only in a simulated sysfs (sim-fabric: a tmpfs of bind mounts of the real "
                "entries plus fake files, rbind-mounted over /sys/class, /sys/devices and /sys/bus): only the cabled "
                "port's twins (rocep1s0f1, roceP2p1s0f1; the second QSFP port's rocep1s0f0/roceP2p1s0f0 are absent); "

@@ -44,6 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--gid-index", type=int, help="where the IPv4 RoCE v2 GID sits (3 healthy; odd)")
     s = sub.add_parser("reset-fabric", help="every node's fabric back to healthy")
     s.add_argument("--name", default="sim")
+    s = sub.add_parser("hold-memory", help="a process on a node holding memory in its /proc/meminfo model")
+    s.add_argument("node", help="spark<i>")
+    s.add_argument("gib", type=float)
+    s.add_argument("--holder", default="sim-memory-hold", help="the process's name (15 characters at most)")
+    s.add_argument("--name", default="sim")
+    s = sub.add_parser("release-memory", help="end what hold-memory started on a node")
+    s.add_argument("node", help="spark<i>")
+    s.add_argument("--name", default="sim")
+    s = sub.add_parser("meminfo", help="a node's /proc/meminfo (the model's rendering)")
+    s.add_argument("node", help="spark<i>")
+    s.add_argument("--name", default="sim")
     a = p.parse_args(argv)
 
     from . import cluster, images
@@ -78,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
                              gid_index=a.gid_index, log=log)
         elif a.cmd == "reset-fabric":
             cluster.reset_fabric(a.name, log=log)
+        elif a.cmd == "hold-memory":
+            cluster.hold_memory(a.name, a.node, int(a.gib * 1024), holder=a.holder, log=log)
+        elif a.cmd == "release-memory":
+            cluster.release_memory(a.name, a.node, log=log)
+        elif a.cmd == "meminfo":
+            print(json.dumps(cluster.meminfo(a.name, a.node), indent=2))
         elif a.cmd == "ssh-config":
             if a.install:
                 log(f"Include added to {cluster.install_ssh_include(a.name)}")

@@ -815,6 +815,40 @@ def reset_fabric(name: str = DEFAULT_CLUSTER, log=print) -> dict[str, dict]:
         return _reset_fabric(name, log)
 
 
+def hold_memory(name: str, node: str, mib: int, holder: str = "sim-memory-hold", log=print) -> int:
+    """A real process named `holder` on the node, counted in its /proc/meminfo model as holding `mib`
+    (sim/meminfo.py); returns its pid. Ends with release_memory or the node's next boot."""
+    n = _node_by_name(name, node)
+    r = backend.exec_in(n.container, "/usr/local/sbin/sim-meminfo", "hold", holder, str(mib), timeout=30)
+    if r.returncode != 0:
+        raise SimError(f"{n.name}: sim-meminfo hold failed: {(r.stderr or r.stdout).strip()}")
+    pid = int(r.stdout.split()[0])
+    log(f"{n.name}: {holder} (pid {pid}) holds {mib} MiB")
+    return pid
+
+
+def release_memory(name: str, node: str, log=print) -> list[str]:
+    n = _node_by_name(name, node)
+    r = backend.exec_in(n.container, "/usr/local/sbin/sim-meminfo", "release", timeout=30)
+    if r.returncode != 0:
+        raise SimError(f"{n.name}: sim-meminfo release failed: {(r.stderr or r.stdout).strip()}")
+    gone = r.stdout.split()
+    log(f"{n.name}: released {', '.join(gone) or 'nothing'}")
+    return gone
+
+
+def meminfo(name: str, node: str) -> dict[str, int]:
+    """The node's /proc/meminfo as it reads it (kB figures in MiB)."""
+    n = _node_by_name(name, node)
+    r = backend.exec_in(n.container, "cat", "/proc/meminfo", timeout=30)
+    out = {}
+    for line in r.stdout.splitlines():
+        key, _, rest = line.partition(":")
+        if rest.split() and rest.split()[0].isdigit():
+            out[key.strip()] = int(rest.split()[0]) // 1024
+    return out
+
+
 def stop_node(name: str, node: str, log=print, timeout: int = 30) -> None:
     """``docker stop`` one node (its inner containers die with it); for fault tests."""
     with _cluster_lock(name):

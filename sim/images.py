@@ -28,11 +28,12 @@ from pathlib import Path
 from . import backend
 from .testdouble import engram
 
-SIM_VERSION = "2"  # bump when a node built from an older image must be re-created (cluster.create does)
+SIM_VERSION = "3"  # bump when a node built from an older image must be re-created (cluster.create does)
 SUITE = "bookworm"
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"
 FABRIC = Path(__file__).parent / "fabric.py"  # the node's /usr/local/sbin/sim-fabric (same file as sim.fabric)
+MEMINFO = Path(__file__).parent / "meminfo.py"  # the node's /usr/local/sbin/sim-meminfo (same file as sim.meminfo)
 OPTIONS = Path(__file__).parent.parent / "declared" / "options"  # the real engines' option tables
 ENGINE_IMAGE = "sglang-sim:test-double"
 VLLM_IMAGE = "vllm-sim:test-double"
@@ -208,6 +209,8 @@ def node_overlay(rootfs_key: str) -> Overlay:
     ov.add("usr/local/sbin/sim-entrypoint", (a / "sim-entrypoint").read_bytes(), 0o755)
     ov.add("usr/local/sbin/sim-runc", (a / "sim-runc").read_bytes(), 0o755)
     ov.add("usr/local/sbin/sim-fabric", FABRIC.read_bytes(), 0o755)
+    ov.add("usr/local/sbin/sim-meminfo", MEMINFO.read_bytes(), 0o755)
+    ov.add("usr/sbin/sysctl", (a / "sysctl").read_bytes(), 0o755)  # over procps' (see the stand-in's header)
     for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "ib_write_bw", "nvidia-container-runtime-hook"):
         ov.add(f"usr/local/bin/{name}", (a / name).read_bytes(), 0o755)
     ov.add("etc/ssh/sshd_config.d/10-dspark-sim.conf", (a / "sshd-sim.conf").read_bytes())

@@ -20,6 +20,7 @@ lose it and exit too). Rank 0 reports the engine's boot phases only after that.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 from . import flags, nccl, openai_api
 from .openai_api import answer_for, message_text  # noqa: F401  (re-exported: shared with vllm-sim)
@@ -195,6 +197,44 @@ def boot_report(args) -> list[str]:
     return lines
 
 
+CACHE_FILE = "flashinfer/dspark-sim-autotune.json"
+
+
+def compile_cache(group: Group, home: str | None = None) -> None:
+    """The real engines JIT-compile and autotune kernels at boot into ~/.cache (FlashInfer, Triton, torch
+    inductor, DeepGEMM) and reuse what they find there. The double keeps one file standing for it."""
+    path = Path(home or os.environ.get("HOME") or "/root") / ".cache" / CACHE_FILE
+    if path.is_file():
+        group.log(f"compile cache: reusing {path} (tuned at {json.loads(path.read_text())['tuned_at']}), "
+                  "JIT and autotune skipped")
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                    "rank": group.rank}))  # fmt: skip
+        group.log(f"compile cache: empty, kernels compiled and autotuned, saved to {path}")
+    except OSError as exc:
+        group.log(f"compile cache: cannot save to {path}: {exc}")
+
+
+def leak_on_sigusr1(group: Group) -> None:
+    """TEST DOUBLE fault: SIGUSR1 makes this rank allocate (and touch) memory until something stops it, a
+    runaway rank standing in for a KV or activation blow-up; its container's limit is what should."""
+    def grow():
+        hog = []
+        while True:
+            block = bytearray(16 << 20)
+            block[::4096] = b"\x01" * len(range(0, len(block), 4096))
+            hog.append(block)
+            time.sleep(0.005)
+
+    def handler(*_):
+        group.log("SIGUSR1: allocating memory without bound (test-double fault)")
+        threading.Thread(target=grow, daemon=True).start()
+
+    signal.signal(signal.SIGUSR1, handler)
+
+
 def fabric_init(args, group: Group, engine: str) -> None:
     """torch.distributed's Gloo group + NCCL communicator of this rank (one GPU per node)."""
     nranks = max(int(args.tp_size or 1), group.nnodes)
@@ -241,6 +281,8 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
         die(engine, rank, f"invalid --node-rank {rank} for --nnodes {nnodes}", 2)
     group.log(f"TEST DOUBLE starting: model {args.model_path} tp {args.tp_size} "
               f"nnodes {nnodes} node-rank {rank}")
+    leak_on_sigusr1(group)
+    compile_cache(group)
     if nnodes > 1:
         if not args.dist_init_addr or ":" not in args.dist_init_addr:
             die(engine, rank, "--dist-init-addr host:port is required when --nnodes > 1", 2)
