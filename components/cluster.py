@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import pulumi
 
+from .caches import CompileCaches, CompileCachesArgs
 from .engram import EngramShards, EngramShardsArgs
 from .image import ServingImage, ServingImageArgs
 from .node import SparkNode, SparkNodeArgs
@@ -44,9 +45,13 @@ class DeepSeekCluster(pulumi.ComponentResource):
             SparkNode(f"{name}-{node.name}", SparkNodeArgs(node, sp.revision, args.ssh_private_key), child)
             for node in sp.nodes
         ]
-        self.image = ServingImage(f"{name}-image", ServingImageArgs(sp.image, self.nodes), child)
+        self.image = ServingImage(f"{name}-image", ServingImageArgs(sp.image, self.nodes, sp.revision), child)
         self.share = CheckpointShare(
             f"{name}-checkpoint", CheckpointShareArgs(stack, sp.export, self.nodes, self.image.images, args.hf_token, sp.seed),
+            child,
+        )
+        self.caches = CompileCaches(
+            f"{name}-compile-cache", CompileCachesArgs(stack, sp.compile_cache_prefix, self.nodes, self.image.images),
             child,
         )
         prerequisites = [*(n.preflight for n in self.nodes), *self.image.images, *self.share.volumes]
@@ -57,7 +62,7 @@ class DeepSeekCluster(pulumi.ComponentResource):
             prerequisites += self.engram.shards
         group_args = GroupArgs(
             sp.group, stack, args.api_key, self.nodes, self.share.volumes, self.image.images, prerequisites,
-            list(args.after),
+            list(args.after), self.image.agree, self.caches.volumes,
         )
         self.group: SglangGroup | VllmRayGroup = (
             SglangGroup(f"{name}-sglang", group_args, child)

@@ -32,6 +32,9 @@ class GroupArgs:
     # What must be done before this group may be taken down for a change: the previous group back in
     # the router's rotation (a rolling change: one group at a time).
     after: list[pulumi.Resource] = field(default_factory=list)
+    # The image identity check (ServingImage.agree): the group starts only on one image, and restarts when it moves.
+    image_identity: local.Command | None = None
+    caches: list[docker.Volume] = field(default_factory=list)  # the compile-cache volume on each node
 
 
 def container_args(
@@ -39,13 +42,14 @@ def container_args(
     revision: str,
     stack: str,
     engine: str,
-    volume_name: Any = None,
+    volume_names: dict[str, Any] | None = None,
     extra_labels: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """docker.Container inputs for one rank (everything but opts), from its RankSpec.
 
-    `volume_name` (the checkpoint volume's name output) and `extra_labels` (the generation's ID, the
-    IDs of the containers this one must start after) make those *property* dependencies: when one of
+    `volume_names` (mount target -> the name output of the volume mounted there: the checkpoint, the
+    compile cache) and `extra_labels` (the generation's ID, the IDs of the containers this one must
+    start after) make those *property* dependencies: when one of
     them is replaced delete-before-replace, the engine deletes this container first. Plain depends_on
     would leave it running (e.g. an old head holding the rendezvous port while new workers start).
     """
@@ -75,7 +79,7 @@ def container_args(
         mounts=[
             docker.ContainerMountArgs(
                 target=m.target,
-                source=volume_name if (m.type == "volume" and volume_name is not None) else m.source,
+                source=(volume_names or {}).get(m.target, m.source) if m.type == "volume" else m.source,
                 type=m.type,
                 read_only=m.read_only,
             )
@@ -92,6 +96,14 @@ def container_args(
     )
 
 
+def volume_names(args: GroupArgs, rank: int) -> dict[str, Any]:
+    """The names of the volumes rank `rank` mounts, by mount target (outputs: property dependencies)."""
+    names = {plan.MODEL_MOUNT: args.volumes[rank].name}
+    if args.caches:
+        names[plan.CACHE_MOUNT] = args.caches[rank].name
+    return names
+
+
 def rank_container(
     name: str,
     spec: plan.RankSpec,
@@ -101,7 +113,7 @@ def rank_container(
     after: list[docker.Container],
     generation: remote.Command | local.Command,
     parent: pulumi.Resource,
-    gate: pulumi.Resource | None = None,
+    gates: list[pulumi.Resource] | None = None,
 ) -> docker.Container:
     """One rank's container on its node, started after the containers in `after`.
 
@@ -114,7 +126,7 @@ def rank_container(
         labels["deepseek-spark.after"] = pulumi.Output.all(*[c.id for c in after]).apply(lambda ids: ",".join(ids))
     return docker.Container(
         name,
-        **container_args(spec, revision, args.stack, engine, args.volumes[spec.rank].name, labels),
+        **container_args(spec, revision, args.stack, engine, volume_names(args, spec.rank), labels),
         opts=pulumi.ResourceOptions(
             parent=parent,
             provider=args.nodes[spec.rank].docker,
@@ -122,8 +134,9 @@ def rank_container(
             delete_before_replace=True,
             # A group starts only when every node is ready (preflight, image, checkpoint, shards): a rank
             # started early can time out waiting for a node that is still pulling or packing.
-            # The fabric gate (bandwidth between the nodes) runs after the old group is down, before any new rank.
-            depends_on=[*args.prerequisites, generation, *after, *([gate] if gate is not None else [])],
+            # The start gates (each node's memory, the bandwidth between the nodes) run after the old group is
+            # down, before any new rank: every rank waits for all of them.
+            depends_on=[*args.prerequisites, generation, *after, *(gates or [])],
             # After a refresh found the rank stopped (the provider reports mustRun false), `up` replaces it
             # instead of starting the old container again in place. A tensor-parallel group fails as a
             # whole (NCCL is fail-stop), so a refresh finds every rank stopped or gone and they are all
@@ -141,6 +154,36 @@ def fabric_gate(name: str, args: GroupArgs, generation: pulumi.Resource, parent)
     preflights = [n.preflight for n in args.nodes]
     return FabricGate(name, FabricGateArgs(args.group.fabric_gate, args.group.revision, preflights, generation),
                       pulumi.ResourceOptions(parent=parent))  # fmt: skip
+
+
+def memory_gates(name: str, args: GroupArgs, generation: pulumi.Resource, parent) -> list[remote.Command]:
+    """`<name>-rank<i>-memory` on each node (programs/memgate.py): sync, drop the page cache, then
+    MemAvailable against what the memory plan needs there; a shortfall fails `up` naming the node, the
+    figures and what holds the memory. Runs at every group start (its trigger is the generation)."""
+    gates = []
+    for spec, command in zip(args.group.specs, args.group.memory_gates):
+        node = args.nodes[spec.rank]
+        gates.append(remote.Command(
+            f"{name}-rank{spec.rank}-memory",
+            connection=node.connection,
+            create=command,
+            stdin=args.group.memgate_program,
+            triggers=[generation.id],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(
+                parent=parent,
+                # Measured once the old group is down (the new generation exists): its ranks' memory is free then.
+                depends_on=[node.preflight, generation],
+                # sync can take minutes after a large download; the drop and the reading take seconds.
+                custom_timeouts=pulumi.CustomTimeouts(create="10m"),
+            ),
+        ))  # fmt: skip
+    return gates
+
+
+def start_gates(name: str, args: GroupArgs, generation: pulumi.Resource, parent) -> tuple[FabricGate | None, list[remote.Command]]:
+    """What every new rank waits for: the group's FabricGate (or None) and each node's memory gate."""
+    return fabric_gate(f"{name}-fabric", args, generation, parent), memory_gates(name, args, generation, parent)
 
 
 def argv_checks(name: str, args: GroupArgs, parent) -> list[remote.Command]:
@@ -169,18 +212,20 @@ def argv_checks(name: str, args: GroupArgs, parent) -> list[remote.Command]:
 
 def group_generation(
     name: str, group: GroupPlan, key_file: remote.Command, prerequisites: list[pulumi.Resource], parent,
-    after: list[pulumi.Resource] | None = None,
+    after: list[pulumi.Resource] | None = None, image_identity: local.Command | None = None,
 ) -> local.Command:
     """The group's generation: one resource upstream of every rank, replaced whenever the group must
     restart (a new revision, or a new API key file). Being delete-before-replace, its replacement
     makes the engine delete all of its dependents first, in one chain and in reverse dependency
     order (SGLang: the head, then the workers), before anything of the new group is created.
     Per-rank replacement alone runs as parallel chains, where a new worker can start while the old
-    head still runs. Nothing runs on a node: it only records which revision it stands for."""
+    head still runs. Nothing runs on a node: it only records which revision it stands for. It follows
+    the image IDs the nodes agree on, so an image that moved (a re-pulled tag) restarts the whole group."""
+    identity = [image_identity.stdout] if image_identity is not None else []
     return local.Command(
         name,
         create=group.generation_record,
-        triggers=[group.revision, key_file.id],
+        triggers=[group.revision, key_file.id, *identity],
         add_previous_output_in_env=False,
         opts=pulumi.ResourceOptions(
             parent=parent,

@@ -13,7 +13,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .group import GroupArgs, api_key_file, argv_checks, fabric_gate, group_generation, rank_container
+from .group import GroupArgs, api_key_file, argv_checks, group_generation, rank_container, start_gates
 
 
 class SglangGroup(pulumi.ComponentResource):
@@ -29,16 +29,16 @@ class SglangGroup(pulumi.ComponentResource):
         self.argchecks = argv_checks(name, args, self)
         self.generation = group_generation(
             f"{name}-generation", args.group, self.api_key_file, [*args.prerequisites, *self.argchecks], self,
-            args.after,
+            args.after, args.image_identity,
         )
-        self.fabric = fabric_gate(f"{name}-fabric", args, self.generation, self)
-        gate = self.fabric.check if self.fabric else None
+        self.fabric, self.memory = start_gates(name, args, self.generation, self)
+        gates = [*([self.fabric.check] if self.fabric else []), *self.memory]
         self.ranks: list[docker.Container] = []
         for spec in reversed(specs):  # workers first, so the head can depend on all of them
             # Rank 0 starts after every worker, and is deleted first when any worker is replaced.
             after = list(self.ranks) if spec.rank == 0 else []
             container = rank_container(
-                f"{name}-rank{spec.rank}", spec, self.revision, args, "sglang", after, self.generation, self, gate
+                f"{name}-rank{spec.rank}", spec, self.revision, args, "sglang", after, self.generation, self, gates
             )
             self.ranks.insert(0, container)
         self.register_outputs({"revision": self.revision, "ranks": [c.name for c in self.ranks]})

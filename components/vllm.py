@@ -14,7 +14,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .group import GroupArgs, api_key_file, argv_checks, fabric_gate, group_generation, rank_container
+from .group import GroupArgs, api_key_file, argv_checks, group_generation, rank_container, start_gates
 
 
 class VllmRayGroup(pulumi.ComponentResource):
@@ -30,14 +30,14 @@ class VllmRayGroup(pulumi.ComponentResource):
         self.argchecks = argv_checks(name, args, self)
         self.generation = group_generation(
             f"{name}-generation", args.group, self.api_key_file, [*args.prerequisites, *self.argchecks], self,
-            args.after,
+            args.after, args.image_identity,
         )
-        self.fabric = fabric_gate(f"{name}-fabric", args, self.generation, self)
-        gate = self.fabric.check if self.fabric else None
+        self.fabric, self.memory = start_gates(name, args, self.generation, self)
+        gates = [*([self.fabric.check] if self.fabric else []), *self.memory]
         self.ranks: list[docker.Container] = []
         for spec in specs:  # head first: every worker joins its Ray head (head created first, deleted last)
             after = [self.ranks[0]] if spec.rank > 0 else []
             self.ranks.append(
-                rank_container(f"{name}-rank{spec.rank}", spec, self.revision, args, "vllm", after, self.generation, self, gate)
+                rank_container(f"{name}-rank{spec.rank}", spec, self.revision, args, "vllm", after, self.generation, self, gates)
             )
         self.register_outputs({"revision": self.revision, "ranks": [c.name for c in self.ranks]})

@@ -202,6 +202,11 @@ class MemoryConfig(_Strict):
                                      description="kept free outside the static pool")  # fmt: skip
     host_reserve_gib: float = Field(default=1.5, ge=0.5, le=64, alias="hostReserveGiB",
                                     description="kept for sshd, dockerd and the OS: no rank container may use it")  # fmt: skip
+    drop_caches: bool = Field(default=True, alias="dropCaches",
+                              description="before a group starts, sync and drop each node's page cache (needs root or "
+                                          "the sudo rule of the README); the memory gate checks MemAvailable after it")  # fmt: skip
+    memory_gate: bool = Field(default=True, alias="memoryGate",
+                              description="before a group starts, fail when a node's MemAvailable is below its rank's need")  # fmt: skip
 
 
 class ImageBuildConfig(_Strict):

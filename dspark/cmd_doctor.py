@@ -15,6 +15,7 @@ JSON shape (`--json`):
         {"rank": 0, "node": "spark1", "reachable": true,
          "preflight": {"exit_code": 0, "ok": ["docker", "gpu", ...], "failed": [{"check": "gpu-idle", "message": "..."}]},
          "fabric": null | {"hca": "rocep1s0f1,roceP2p1s0f1", "socket_ifname", "gid_index", "rails": [...], "ports": {}},
+         "memory": null | {"availableMiB", "totalMiB", "freeMiB", "cachedMiB", "needMiB", "ok", ...},  # programs/memgate.py
          "container": {"name": "tp3-rank0", "state": "running", "exit_code": 0, "revision": "..."},
          "nccl_transport": null | "NET/IB" | "NET/Socket",   # from the rank's log (serving.ncclDebug: true)
          "engram": null | {"dir": "...", "present": ["engram-l1-r0of3.bin"], "missing": ["engram-l14-r0of3.bin"]},
@@ -36,14 +37,13 @@ from typing import Callable, Optional, TextIO
 
 import yaml
 
-from planning import commands, plan
+from planning import commands, plan, stackplan
 from programs import bootlog, probe
 
 from . import api
 from .nodes import (
-    SSH_FAILED, Node, Nodes, fabric_report, files_cmd, inspect_cmd, logs_cmd, parse_files, parse_inspect,
-    parse_preflight, parse_preflight_notes, preflight_cmd,
-    volume_probe_cmd,
+    SSH_FAILED, Node, Nodes, fabric_report, files_cmd, inspect_cmd, logs_cmd, memory_cmd, parse_files, parse_inspect,
+    parse_memory, parse_preflight, parse_preflight_notes, preflight_cmd, volume_probe_cmd,
 )  # fmt: skip
 from .render import table, to_json
 from .stack import Stack
@@ -102,8 +102,8 @@ def _stat_result(lines: dict[str, str]) -> str:
 def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
     cfg, name = stack.cfg, stack.plan_name
     result: dict = {"rank": node.rank, "node": node.name, "reachable": True, "preflight": None, "fabric": None,
-                    "container": None, "nccl_transport": None, "engram": None, "checkpoint_volume": None,
-                    "_findings": [], "_notes": []}  # fmt: skip
+                    "memory": None, "container": None, "nccl_transport": None, "engram": None,
+                    "checkpoint_volume": None, "_findings": [], "_notes": []}  # fmt: skip
     findings: list[Finding] = result["_findings"]
     code, out = nodes.run(node, preflight_cmd(commands.preflight(cfg, name, node.rank)))
     ok, failed = parse_preflight(out)
@@ -145,6 +145,19 @@ def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
                                 f"the stack's is {expected}",
                                 f"run `pulumi up --refresh --stack {stack.name}`: refresh reads the label, up replaces "
                                 "the whole group with the stack's revision"))  # fmt: skip
+
+    # the memory gate's figures (report-only: no drop); a verdict only while the rank does not run, since a
+    # running rank's own memory is not available
+    _, mout = nodes.run(node, memory_cmd(commands.memgate(cfg, node.rank, report_only=True), stackplan.MEMGATE_PROGRAM))
+    mem = result["memory"] = parse_memory(mout)
+    if mem and not mem["ok"] and c.state != "running":
+        findings.append(Finding(node.name, node.rank, "memory", f"{mem['availableMiB']} MiB available of "
+                                f"{mem['totalMiB']} MiB ({mem['cachedMiB']} MiB page cache), the memory plan needs "
+                                f"{mem['needMiB']} MiB for rank {node.rank}: the next group start fails its memory gate",
+                                "stop what holds the memory on the node (another model, a leftover container), "
+                                "or lower the plan (serving.memFractionStatic, maxTotalTokens)"))  # fmt: skip
+    elif mem is None:
+        result["_notes"].append(f"{node.name}: the memory figures could not be read: {mout.strip()[-200:]}")
 
     if c.state == "running":  # which transport this rank's NCCL chose (logged at serving.ncclDebug: true)
         lcode, ltext = nodes.run(node, logs_cmd(node.container, tail="5000"))
@@ -276,6 +289,12 @@ def fabric_lines(doc: dict) -> list[str]:
             used = f"; NCCL used {r['nccl_transport']}" if r.get("nccl_transport") else ""
             out.append(f"fabric {r['node']}: NCCL_IB_HCA={f['hca'] or '-'} socket {f['socket_ifname'] or '-'}; "
                        f"rails {rails}{used}")
+    for r in doc["nodes"]:
+        m = r.get("memory")
+        if m:
+            out.append(f"memory {r['node']}: {m['availableMiB']} MiB available of {m['totalMiB']} MiB, "
+                       f"{m['cachedMiB']} MiB page cache; the plan needs {m['needMiB']} MiB at the next start"
+                       f"{'' if m['ok'] else ' SHORT'}")  # fmt: skip
     for group, rep in sorted((doc.get("fabric_gate") or {}).items()):
         for p in (rep or {}).get("pairs", []):
             rails = ", ".join(f"{x['client']}<->{x['server']} {x['gbps']:g}" for x in p["rails"])

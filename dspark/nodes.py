@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TypeVar
 
 from planning import commands, fabric, plan
-from programs import probe, rails
+from programs import memgate, probe, rails
 from declared.config import ClusterConfig
 
 q = shlex.quote
@@ -177,6 +177,23 @@ def volume_probe_cmd(volume: str, sudo: str = "") -> str:
 
 def preflight_cmd(script: str) -> str:
     return sh_c(script)
+
+
+def memory_cmd(gate: str, program: str) -> str:
+    """The memory gate's command line (commands.memgate, report-only) with programs/memgate.py fed to it
+    in a quoted heredoc, as the stack's gate feeds it on stdin."""
+    return sh_c(f"{gate} <<'DSPARK_MEMGATE'\n{program}\nDSPARK_MEMGATE\n")
+
+
+def parse_memory(out: str) -> dict | None:
+    """The memory gate's figures (its `deepseek-spark memory:` line), None when it printed none."""
+    for line in reversed(out.splitlines()):
+        if line.startswith(memgate.REPORT_PREFIX):
+            try:
+                return json.loads(line[len(memgate.REPORT_PREFIX):])
+            except ValueError:
+                return None
+    return None
 
 
 # ------------------------------------------------------------------------------ parsing

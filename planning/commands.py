@@ -406,6 +406,27 @@ def fabric_gate(cfg: ClusterConfig) -> str | None:
                      *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg))])  # fmt: skip
 
 
+def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False) -> str:
+    """`python3 -` of programs/memgate.py (on stdin) on the rank's node: sync and drop the page cache
+    (memory.dropCaches), then MemAvailable against plan.rank_need_mib; `report_only`: figures only."""
+    args = ["--node", cfg.nodes[rank].name, "--role", "head" if rank == 0 else "worker",
+            "--need-mib", str(plan.rank_need_mib(cfg, rank))]  # fmt: skip
+    if report_only:
+        args.append("--report-only")
+    elif not cfg.memory.drop_caches:
+        args.append("--no-drop")
+    return "python3 - " + " ".join(q(a) for a in args)
+
+
+def image_agree(cfg: ClusterConfig, group: str) -> str:
+    """Local command: every node's image IDs (of plan.image_identity_refs), read over ssh now, must agree
+    (programs/imagecheck.py); prints the agreed identity, which the group generation follows."""
+    spec = {"group": group, "refs": plan.image_identity_refs(cfg),
+            "nodes": [{"name": n.name, "target": f"{n.ssh_user}@{n.host}", "port": n.ssh_port} for n in cfg.nodes]}
+    return " ".join(["python3 -m programs.imagecheck", f"--spec {q(json.dumps(spec, separators=(',', ':')))}",
+                     *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg))])  # fmt: skip
+
+
 def argcheck(spec: plan.RankSpec, checks: list[tuple[str, list[str]]], volume: str) -> str:
     """Run the image's own argument parsing for one rank (programs/argcheck.py, on stdin) in a
     throwaway container: no network, no GPU, the rank's env and its checkpoint volume read-only (the

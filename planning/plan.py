@@ -26,6 +26,10 @@ GB = 1000**3
 MODEL_MOUNT = "/models/DeepSeek-V4.1-Flash"
 ENGRAM_MOUNT = "/engram"
 API_KEY_MOUNT = "/run/secrets/dspark-api-key"
+# Where the engines keep what they compile and tune at boot (FlashInfer, DeepGEMM, vLLM: ~/.cache; Triton and
+# torch inductor are pointed there by CACHE_ENV): a volume per node, so a restart reuses it.
+CACHE_MOUNT = "/root/.cache"
+CACHE_ENV = {"TRITON_CACHE_DIR": f"{CACHE_MOUNT}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT}/torchinductor"}
 ENGRAM_LAYERS = (1, 14)
 REVISION_LABEL = "deepseek-spark.group-revision"
 
@@ -307,6 +311,11 @@ def container_name(stack: str, rank: int) -> str:
     return f"{stack}-rank{rank}"
 
 
+def compile_cache_prefix(stack: str) -> str:
+    """The compile-cache volumes' name before the image key (components/caches.py adds it)."""
+    return f"{stack}-compile-cache"
+
+
 def checkpoint_volume_name(stack: str) -> str:
     return f"{stack}-checkpoint"
 
@@ -411,6 +420,7 @@ def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
         "SGLANG_DSV41_REASONING_EFFORT": "75",
         "DSV41_TP_PAD": "1" if s.tp_size == 3 else "0",  # TP3 pads rank 2's attention shard
         "DSV41_SERIAL_WEIGHT_LOAD": "1" if s.tp_size == 4 else "0",
+        **CACHE_ENV,
     }
     env.update(s.extra_env)
     return dict(sorted(env.items()))
@@ -572,12 +582,24 @@ def rank_memory_mib(cfg: ClusterConfig, rank: int) -> int:
     return int(min(want, cfg.memory.unified_gib - cfg.memory.host_reserve_gib) * 1024)
 
 
+def rank_need_mib(cfg: ClusterConfig, rank: int) -> int:
+    """What must be available on the rank's node when it starts (the memory gate): everything the memory
+    plan places there, the static pool's contents and what it needs outside it (CUDA graphs, NCCL, the
+    runtime floor). vLLM also refuses to start with less free than gpuMemoryUtilization x unified memory."""
+    r = memory_plan(cfg).ranks[0 if rank == 0 else -1]
+    need = r.static_used_gib + r.outside_needed_gib
+    if cfg.engine == "vllm":
+        need = max(need, r.static_pool_gib)
+    return int(need * 1024)
+
+
 def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[RankSpec]:
     specs = []
     for rank, node in enumerate(cfg.nodes):
         mounts = [
             Mount(MODEL_MOUNT, checkpoint_volume_name(stack), "volume", True),
             Mount(ENGRAM_MOUNT, cfg.engram.dir, "bind", False),
+            Mount(CACHE_MOUNT, compile_cache_prefix(stack), "volume", False),
         ]
         if rank == 0:
             mounts.append(Mount(API_KEY_MOUNT, api_key_path(cfg, stack), "bind", True))
@@ -608,6 +630,7 @@ def vllm_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
         "DSPARK_CHECKPOINT_REVISION": cfg.model.revision,
         "NODE_RANK": str(rank),
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+        **CACHE_ENV,
     }
     if s.distributed_executor_backend == "ray":
         env.update({
@@ -678,7 +701,8 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
     mp = cfg.serving.distributed_executor_backend == "mp"
     specs = []
     for rank, node in enumerate(cfg.nodes):
-        mounts = [Mount(MODEL_MOUNT, checkpoint_volume_name(stack), "volume", True)]
+        mounts = [Mount(MODEL_MOUNT, checkpoint_volume_name(stack), "volume", True),
+                  Mount(CACHE_MOUNT, compile_cache_prefix(stack), "volume", False)]
         if rank == 0:
             mounts.append(Mount(API_KEY_MOUNT, api_key_path(cfg, stack), "bind", True))
         if mp:
@@ -792,6 +816,34 @@ def image_build_digest(cfg: ClusterConfig) -> str:
     if b is None:
         return ""
     return build_context_digest(PROJECT_ROOT / b.context, b.dockerfile, b.args, b.platform)
+
+
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?\s*$", re.I | re.M)
+_ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(\S*))?\s*$", re.M)
+
+
+def base_images(dockerfile_text: str, args: dict[str, str] | None = None) -> list[str]:
+    """The images a Dockerfile builds FROM (registry refs, not earlier stages), `${ARG}`s resolved from
+    the build args and the ARG defaults before the first FROM."""
+    values = {m.group(1): m.group(2) or "" for m in _ARG.finditer(dockerfile_text.split("FROM", 1)[0])}
+    values.update(args or {})
+    refs, stages = [], set()
+    for m in _FROM.finditer(dockerfile_text):
+        ref = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda v: values.get(v.group(1), ""), m.group(1))
+        if ref.lower() not in stages and ref != "scratch" and ref not in refs:
+            refs.append(ref)
+        if m.group(2):
+            stages.add(m.group(2).lower())
+    return refs
+
+
+def image_identity_refs(cfg: ClusterConfig) -> list[str]:
+    """What must be the same image on every node of a group: the pulled image itself, or, for an image built
+    on each node (whose IDs always differ: a build records its time), the base images it is built FROM."""
+    b = cfg.image_build
+    if b is None:
+        return [cfg.image]
+    return base_images((PROJECT_ROOT / b.context / b.dockerfile).read_text(), b.args) or [cfg.image]
 
 
 def group_revision(specs: list[RankSpec], image_build: str = "") -> str:

@@ -17,6 +17,8 @@ from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
 ARGCHECK_PROGRAM = (Path(__file__).parent.parent / "programs" / "argcheck.py").read_text()
+# Runs with the node's python3, fed on stdin: the memory gate before a group starts.
+MEMGATE_PROGRAM = (Path(__file__).parent.parent / "programs" / "memgate.py").read_text()
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class ImagePlan:
     name: str
     timeout_minutes: int
     build: Optional[ImageBuildConfig]
+    agree: str = ""  # where Pulumi runs: every node's image IDs agree (commands.image_agree)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,10 @@ class GroupPlan:
     argcheck_program: str = ""
     # where Pulumi runs: RDMA bandwidth between linked nodes before the group starts (commands.fabric_gate)
     fabric_gate: Optional[str] = None
+    # per rank, on its node once the old group is down: page cache dropped, MemAvailable against the plan
+    # (commands.memgate, with programs/memgate.py on stdin); empty with memory.memoryGate off
+    memory_gates: tuple[str, ...] = ()
+    memgate_program: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,7 @@ class StackPlan:
     name: Optional[str] = None  # the group's name in a stack with `groups`; None: the stack is one group
     seed: Optional[SeedPlan] = None  # source: download with share.mode: local and workers
     planes: str = ""  # which network carries what, and the checkpoint's modelled boot read (fabric.summary)
+    compile_cache_prefix: str = ""  # the compile-cache volumes' names start so (plan.compile_cache_prefix)
 
     @property
     def group_name(self) -> str:
@@ -239,7 +247,7 @@ def build(
         model=cfg.model.served_name,
         revision=revision,
         nodes=nodes,
-        image=ImagePlan(cfg.image, cfg.image_timeout_minutes, cfg.image_build),
+        image=ImagePlan(cfg.image, cfg.image_timeout_minutes, cfg.image_build, commands.image_agree(cfg, group or stack)),
         export=export,
         group=GroupPlan(
             engine=cfg.engine,
@@ -255,11 +263,14 @@ def build(
             ),
             argcheck_program=ARGCHECK_PROGRAM,
             fabric_gate=commands.fabric_gate(cfg),
+            memory_gates=tuple(commands.memgate(cfg, r) for r in range(len(cfg.nodes))) if cfg.memory.memory_gate else (),
+            memgate_program=MEMGATE_PROGRAM,
         ),
         readiness=ReadinessPlan(commands.readiness(cfg, stack), cfg.readiness.timeout_seconds // 60 + 5),
         memory=memory,
         name=group,
         planes=fabric.summary(cfg, memory.ranks[0].weights_gib),
+        compile_cache_prefix=plan.compile_cache_prefix(stack),
         seed=SeedPlan(commands.seed_start(cfg, stack), commands.seed_stop(cfg, stack))
         if any(n.download is not None and n.download.from_head for n in nodes) else None,
     )

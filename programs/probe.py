@@ -63,7 +63,7 @@ def chat(base_url: str, key: str, model: str, prompt: str, timeout: float) -> st
     return data["choices"][0]["message"]["content"] or ""
 
 
-STATE_FORMAT = "{{.State.Status}} {{.State.ExitCode}}"
+STATE_FORMAT = "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}"
 PHASE_EVERY = 15.0  # seconds between two reads of rank 0's boot phase
 LOG_LINES = 20
 
@@ -141,12 +141,15 @@ def exited_rank(ranks: list[str], ssh_opts: list[str], key: str, run=on_node) ->
             if "No such object" in out or "No such container" in out:
                 return f"rank {rank} ({container} on {target}) does not exist: it was removed or never started"
             continue
-        status, _, exit_code = out.strip().partition(" ")
+        status, exit_code, oom = (out.strip().split(" ") + ["", ""])[:3]
         if status in ("exited", "dead"):
             _, logs = run(target, port, ssh_opts, f"docker logs --tail {LOG_LINES} {shlex.quote(container)} 2>&1")
             tail = redact(logs, key)
+            why = (" after its container's memory limit killed it (OOMKilled): it used more than the memory plan "
+                   "gives it (the limit shown in the preview); lower serving.memFractionStatic or maxTotalTokens, or "
+                   "check what else the rank allocates" if oom == "true" else "")  # fmt: skip
             return (
-                f"rank {rank} ({container} on {target}) exited with code {exit_code}; "
+                f"rank {rank} ({container} on {target}) exited with code {exit_code}{why}; "
                 f"last {LOG_LINES} log lines:\n" + "\n".join("  | " + line for line in tail.rstrip().splitlines())
             )
     return None

@@ -153,6 +153,12 @@ def test_program_env_names_are_the_packages_own():
     missing = sorted(n for n in set_by_program if n.startswith("NCCL_") and n not in nccl)
     assert not missing, f"the NCCL library the engines ship does not read: {missing}"
     assert "NCCL_SKIP_TREE_CONNECT" not in nccl  # the ring setting the program used to set
+    # the compile-cache directories: read by Triton (triton/knobs.py) and torch inductor (cache_dir_utils.py)
+    caches = sorted(n for n in set_by_program if n.startswith(("TRITON_", "TORCHINDUCTOR_")))
+    assert caches == ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"]
+    site = site_packages("sglang-0.5.23")
+    for name, where in (("TRITON_CACHE_DIR", site / "triton"), ("TORCHINDUCTOR_CACHE_DIR", site / "torch" / "_inductor")):
+        assert any(name in f.read_text(errors="replace") for f in where.rglob("*.py")), f"{where} does not read {name}"
 
 
 def _nccl_env_names() -> set[str]:

@@ -3,8 +3,9 @@
 One scenario, in order (each test builds on the cluster and stack the previous one left):
 preview -> up and answers through `python -m dspark.clients` -> no-op up -> serving change
 (group down head first, before any new rank starts) -> an argv the image's parser refuses fails `up`
-at the check step, the running group untouched -> a KV pool below the plan fails `up` (or warns) ->
-refresh after a rank stopped and one removed, then `up` restarts the whole group -> key rotation and
+at the check step, the running group untouched -> a node with another image is refused, the group
+untouched -> a KV pool below the plan fails `up` (or warns), memory held on a node fails the memory gate
+-> refresh after a rank killed at its memory limit and one removed, then `up` restarts the whole group -> key rotation and
 a new stateDir -> a node stopped mid-`up`, then `up` converges -> destroy keeps the checkpoint.
 Orders are read from the nodes' docker event timestamps, never from the engine's output order.
 """
@@ -17,7 +18,7 @@ import openai
 import pytest
 
 from e2e.conftest import (
-    CLUSTER, ask, client_env, container_events, containers_of, first_event, node_sh, openai_client,
+    CLUSTER, ask, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client,
     resources_summary,
 )  # fmt: skip
 from declared import config
@@ -25,6 +26,7 @@ from e2e.timings import TIMINGS
 from planning import plan
 from programs import bootlog
 from sim import cluster as sim_cluster
+from sim import images as sim_images
 
 pytestmark = pytest.mark.e2e
 STACK = "sim"
@@ -132,15 +134,32 @@ def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_st
     before_ranks, before_shards = containers_of(STACK), shard_mtimes()
     project.set_config("cluster.serving.maxRunningRequests", "3")
     preview = project.preview().check()
-    # What the reviewer reads: the 3 ranks, the group generation, the fabric gate, the readiness probe and
-    # the 3 preflights replaced; the changed flag value; nothing on disk.
-    assert "+-9 to replace" in resources_summary(preview.text), resources_summary(preview.text)
+    # What the reviewer reads: the 3 ranks, the group generation, the fabric gate, the readiness probe, the 3
+    # preflights and memory gates, and the image agreement replaced; the changed flag value; nothing on disk.
+    assert "+-13 to replace" in resources_summary(preview.text), resources_summary(preview.text)
     assert '"4" => "3"' in preview.text
     assert "engram" not in "".join(line for line in preview.text.splitlines() if line.lstrip().startswith("+-"))
+    caches = compile_caches()
     run, events = timed_up(project, "sim: serving change, up to answer")
     assert_group_restarted_head_first(events, before_ranks)
     assert shard_mtimes() == before_shards
     assert "42" in ask(first.env)
+    # the restarted ranks mount the same compile-cache volume and find what the first boot tuned there
+    assert compile_caches() == caches and all(caches.values())
+    for name, node in zip(RANKS, NODES):
+        assert "compile cache: reusing /root/.cache/flashinfer/dspark-sim-autotune.json" in node_sh(
+            node, f"docker logs {name} 2>&1")
+
+
+def compile_caches() -> dict[str, str]:
+    """node -> the compile-cache volume its rank mounts at /root/.cache, and the cached file's content."""
+    out = {}
+    for name, node in zip(RANKS, NODES):
+        volume = node_sh(node, f"docker inspect -f '{{{{range .Mounts}}}}{{{{if eq .Destination \"{plan.CACHE_MOUNT}\"}}}}"
+                               f"{{{{.Name}}}}{{{{end}}}}{{{{end}}}}' {name}").strip()
+        data = node_sh(node, f"cat /var/lib/docker/volumes/{volume}/_data/flashinfer/dspark-sim-autotune.json", check=False)
+        out[node] = f"{volume} {data}" if volume and data else ""
+    return out
 
 
 def test_the_ranks_use_both_twins_and_the_gate_measured_every_pair(first, project):
@@ -276,9 +295,36 @@ def test_an_argv_the_image_refuses_fails_up_at_the_check_before_any_rank_stops(f
     assert "42" in ask(first.env)
 
 
-def test_a_pool_below_the_plan_fails_up_naming_both_figures_or_warns(first, project):
+def test_a_node_with_another_image_is_refused_before_any_rank_stops(first, project):
+    """spark2's base image (what sim/overlay builds FROM) is replaced under the same tag: the next group
+    start reads every node's image ID, and `up` fails naming the nodes and IDs, the running group untouched."""
+    before = containers_of(STACK)
+    base = sim_images.ENGINE_IMAGE
+    inspect = f"docker image inspect -f '{{{{.Id}}}}' {base}"
+    original = node_sh("spark1", inspect).strip()
+    node_sh("spark2", f"printf 'FROM {base}\\nLABEL moved=1\\n' | docker build -q -t {base} - >/dev/null")
+    moved = node_sh("spark2", inspect).strip()
+    assert moved != original
+    project.set_config("cluster.serving.generation", "1")
+    try:
+        run, events = timed_up(project, "sim: up with another image on one node (fails)", expect_ok=False)
+        assert run.code != 0
+        assert f"image sim: FAIL the group's nodes do not hold the same image: {base} differs: " in run.text
+        assert f"{original} on spark1, spark3" in run.text and f"{moved} on spark2" in run.text
+        assert containers_of(STACK) == before
+        assert not [e for e in events if e.action in ("destroy", "start") and e.name in RANKS]
+        assert "42" in ask(first.env)
+    finally:
+        node_sh("spark2", f"docker tag {original} {base} && docker rmi {moved} >/dev/null")
+    timed_up(project, "sim: same image again, up (group restart)")
+    assert "42" in ask(first.env)
+
+
+def test_a_pool_below_the_plan_or_memory_held_on_a_node_fails_up_naming_the_figures(first, project):
     """The double obtains half the pinned pool (memory held on the node): `up` fails with both figures;
-    with readiness.kvShortfall: warn it passes, and the shortfall is in the output."""
+    with readiness.kvShortfall: warn it passes, and the shortfall is in the output. Then memory held on
+    spark2 (the node's /proc/meminfo model): the memory gate fails `up` once the old group is down and
+    before any new rank starts, naming the node, the figures and the holder; released, `up` converges."""
     project.set_config("cluster.serving.extraEnv.DSPARK_SIM_KV_SHARE", "0.5")
     run, _ = timed_up(project, "sim: up with a KV pool below the plan (fails)", expect_ok=False)
     assert run.code != 0
@@ -289,13 +335,33 @@ def test_a_pool_below_the_plan_fails_up_naming_both_figures_or_warns(first, proj
     assert boot["kvTokens"] == 375_000 and "375,000" in boot["shortfall"]
     for path in ("cluster.serving.extraEnv.DSPARK_SIM_KV_SHARE", "cluster.readiness.kvShortfall"):
         project.cli("config", "rm", "--path", f"deepseek-spark:{path}").check()
-    project.up().check()
+    sim_cluster.hold_memory(CLUSTER, "spark2", 118 * 1024)
+    try:
+        run, events = timed_up(project, "sim: up with memory held on spark2 (fails at the memory gate)", expect_ok=False)
+        assert run.code != 0
+        assert "memory spark2: FAIL available: " in run.text and "the memory plan needs" in run.text
+        assert "for the worker rank; largest processes: sim-memory-hold (pid " in run.text
+        assert not containers_of(STACK), "a rank started although a node lacked the memory"
+        assert not [e for e in events if e.action == "start" and e.name in RANKS]
+        code, doctor = dspark(project, "doctor")
+        assert code == 1 and "memory spark2: " in doctor and " SHORT" in doctor
+    finally:
+        sim_cluster.release_memory(CLUSTER, "spark2")
+    timed_up(project, "sim: memory released, up")
     assert project.outputs()["boot"]["sim"]["shortfall"] is None
 
 
-def test_refresh_after_a_rank_stopped_and_one_removed_then_up_restarts_the_whole_group(first, project):
+def test_refresh_after_a_rank_killed_at_its_limit_and_one_removed_then_up_restarts_the_whole_group(first, project):
+    """rank 1 runs away (the double allocates without bound on SIGUSR1) and its container's memory limit kills
+    it (lowered to 256 MiB: the sim cannot hold the plan's ~120 GiB); `dspark status` says so."""
     before_ranks = containers_of(STACK)
-    node_sh("spark2", "docker stop sim-rank1 >/dev/null")
+    node_sh("spark2", "docker update --memory 256m --memory-swap 256m sim-rank1 >/dev/null && docker kill -s USR1 sim-rank1 >/dev/null")
+    deadline = time.monotonic() + 60
+    while node_sh("spark2", "docker inspect -f '{{.State.Status}} {{.State.OOMKilled}}' sim-rank1").split() != ["exited", "true"]:
+        assert time.monotonic() < deadline, node_sh("spark2", "docker inspect -f '{{json .State}}' sim-rank1")
+        time.sleep(0.5)
+    _, status = dspark(project, "status")
+    assert "OOM killed" in status, status
     node_sh("spark3", "docker rm -f sim-rank2 >/dev/null")
     t0 = time.monotonic()
     refresh = project.refresh().check()

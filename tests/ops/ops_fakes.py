@@ -48,6 +48,7 @@ class FakeNode:
     preflight_ok: list[str] = field(default_factory=lambda: ["docker", "gpu", "gpu-idle", "infiniband"])
     preflight_fail: list[tuple[str, str]] = field(default_factory=list)
     unreachable: bool = False
+    meminfo: tuple[int, int, int] = (124620, 118000, 900)  # MemTotal, MemAvailable, Cached in MiB
 
 
 class FakeCluster:
@@ -92,6 +93,10 @@ class FakeCluster:
         raise AssertionError(f"unexpected remote command: {remote!r}")
 
     def _script(self, node: FakeNode, script: str) -> tuple[int, str]:
+        if script.endswith("\nDSPARK_MEMGATE\n"):  # the memory gate's own program, on a fake /proc/meminfo
+            command, _, rest = script.partition(" <<'DSPARK_MEMGATE'\n")
+            assert command.startswith("python3 - ") and rest.removesuffix("\nDSPARK_MEMGATE\n") == memgate_source()
+            return run_memgate(shlex.split(command)[2:], *node.meminfo)
         if "preflight $node" in script:
             name = shlex.split(re.search(r"^node=(.*?); failed=0$", script, re.M).group(1))[0]
             out = "".join(f"preflight {name}: ok {c}\n" for c in node.preflight_ok)
@@ -117,6 +122,34 @@ class FakeCluster:
 
     def hosts_called(self) -> set[str]:
         return {t.partition("@")[2] for t, *_ in self.calls}
+
+
+MEMGATE_LOCK = threading.Lock()
+
+
+def memgate_source() -> str:
+    from planning import stackplan
+
+    return stackplan.MEMGATE_PROGRAM
+
+
+def run_memgate(args: list[str], total: int, available: int, cached: int) -> tuple[int, str]:
+    """programs/memgate.py's main on a /proc/meminfo with these figures (MiB); (exit code, stdout + stderr)."""
+    import contextlib
+    import io
+    import tempfile
+
+    from programs import memgate
+
+    with tempfile.TemporaryDirectory() as d:
+        info = Path(d) / "meminfo"
+        info.write_text(f"MemTotal: {total * 1024} kB\nMemFree: {(available - cached) * 1024} kB\n"
+                        f"MemAvailable: {available * 1024} kB\nCached: {cached * 1024} kB\n")
+        out = io.StringIO()
+        # doctor checks the nodes in threads; redirect_stdout swaps sys.stdout for all of them: one at a time
+        with MEMGATE_LOCK, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = memgate.main(args, meminfo_path=str(info), proc=d)
+    return code, out.getvalue()
 
 
 def cluster_for(cfg, stack: str, revision: str, log: str = "", gpu: str = "40960\n") -> FakeCluster:

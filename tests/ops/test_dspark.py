@@ -472,6 +472,31 @@ def test_doctor_lists_a_missing_shard_and_a_stopped_rank_with_fixes(tmp_path):
     assert doc["health"] is None  # not every rank runs: no health verdict on a broken group
 
 
+def test_doctor_shows_each_nodes_memory_and_a_stopped_rank_whose_start_would_fail_the_gate(tmp_path):
+    cfg = cfg_of("tp3")
+    rev = revision_of("tp3")
+    fake = cluster_for(cfg, "tp3", rev)
+    fake.nodes["10.0.0.3"].containers["tp3-rank2"].state = state("exited", 137, oom=True)
+    fake.nodes["10.0.0.3"].meminfo = (124620, 40000, 30000)  # 40 GiB available, 30 GiB of it page cache
+    fake.nodes["10.0.0.1"].meminfo = (124620, 20000, 100)  # short too, but rank 0 runs: its own memory
+    with FakeEndpoint() as ep:
+        outs = outputs(tmp_path / "o.json", ep.base_url, rev)
+        code, out, _ = run(args("doctor", "tp3", outs, ROOT, "--json"), runner=fake)
+        _, text, _ = run(args("doctor", "tp3", outs), runner=fake)
+    doc = json.loads(out)
+    need = plan.rank_need_mib(cfg, 2)
+    assert doc["nodes"][2]["memory"]["availableMiB"] == 40000 and doc["nodes"][2]["memory"]["needMiB"] == need
+    memory = [f for f in doc["findings"] if f["check"] == "memory"]
+    assert [f["node"] for f in memory] == ["spark3"]
+    assert f"40000 MiB available of 124620 MiB (30000 MiB page cache), the memory plan needs {need} MiB" in memory[0]["what"]
+    assert "OOM killed" in next(f["what"] for f in doc["findings"] if f["check"] == "rank-stopped")
+    assert f"memory spark2: 118000 MiB available of 124620 MiB, 900 MiB page cache; the plan needs " \
+           f"{plan.rank_need_mib(cfg, 1)} MiB at the next start\n" in text
+    assert "memory spark3: 40000 MiB available" in text and text.count(" SHORT") == 2
+    # report-only: doctor never drops a node's cache
+    assert all("--report-only" in c[3] for c in fake.calls if "DSPARK_MEMGATE" in c[3])
+
+
 def test_doctor_engram_fix_names_the_pack_commands_urn():
     """The URN in the fix is the engram pack command's: same type chain (engine rule: every parent's
     type, the stack excluded) and name as the program registers it."""

@@ -167,9 +167,9 @@ def test_an_unchanged_config_previews_no_changes(baseline):
     again = run_program("tp4")
     steps = plan_steps(baseline, again)
     assert {s.op for s in steps.values()} == {"same"}
-    # 4 x (docker provider, preflight, image, volume, engram shard, argcheck, rank) + export, api key file,
-    # group generation, fabric gate, readiness
-    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 7 + 5
+    # 4 x (docker provider, preflight, image, volume, compile cache, engram shard, argcheck, memory gate, rank)
+    # + export, api key file, image agreement, group generation, fabric gate, readiness
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 9 + 6
 
 
 def test_the_model_catches_a_forced_replacement():
@@ -207,16 +207,20 @@ def test_a_serving_change_replaces_exactly_the_rank_containers(baseline, change)
     # labels hold its ID), and the readiness probe (its triggers are the ranks' IDs) runs again.
     # Each node's read-only preflight is triggered by the revision: every group (re)start is checked first.
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}
-    # the fabric gate (its trigger is the revision) measures the rails again before the new ranks start
+    # the fabric gate (its trigger is the revision) measures the rails again before the new ranks start,
+    # and each node's memory gate (its trigger is the generation's ID) checks MemAvailable again
     group = {"tp4-sglang-generation", "tp4-sglang-fabric-check", "tp4-readiness-check"}
-    assert by_op(steps, "replace") == ranks | group | preflights
+    memory = {f"tp4-sglang-rank{i}-memory" for i in range(4)}
+    # every node's image ID is read again (the agreement's trigger is the revision)
+    assert by_op(steps, "replace") == ranks | group | preflights | memory | {"tp4-image-agree"}
     generation = next(s for s in steps.values() if s.resource.name == "tp4-sglang-generation")
     assert generation.changed == ["create", "triggers"] and generation.resource.inputs["triggers"][0] == new_rev
     readiness = next(s for s in steps.values() if s.resource.name == "tp4-readiness-check")
     assert readiness.changed == [] and set(readiness.why.split(": ")[1].split(", ")) == ranks
     # every rank's argv is checked again by the image's parser before the group restarts
     argchecks = {f"tp4-sglang-rank{i}-argcheck" for i in range(4)}
-    assert by_op(steps, "update") == argchecks and by_op(steps, "create") == set() and by_op(steps, "delete") == set()
+    assert by_op(steps, "update") == argchecks
+    assert by_op(steps, "create") == set() and by_op(steps, "delete") == set()
 
     for step in steps.values():
         if step.resource.name in ranks:
@@ -254,6 +258,7 @@ def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group
     steps = plan_steps(baseline, after)
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}  # re-checked before every group start
     group = {"tp4-sglang-generation", "tp4-sglang-fabric-check", "tp4-readiness-check"}
+    group |= {f"tp4-sglang-rank{i}-memory" for i in range(4)} | {"tp4-image-agree"}
     assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | group | preflights
     # the export's create changed, its triggers did not; rank 3's argcheck runs with its new HOST_IP
     assert by_op(steps, "update") == {"tp4-checkpoint-export", "tp4-sglang-rank3-argcheck"}
@@ -290,11 +295,12 @@ def test_a_checkpoint_revision_change_replaces_the_group_too(baseline):
 
 def _group_restart(group: str) -> set[str]:
     """What restarting one group of tp4x2 replaces: its ranks, generation, fabric gate, readiness, router
-    membership and each node's preflight."""
+    membership, each node's preflight and memory gate, and the image agreement."""
     nodes = range(1, 5) if group == "a" else range(5, 9)
     return ({f"tp4x2-{group}-sglang-rank{i}" for i in range(4)} | {f"tp4x2-{group}-spark{n}-preflight" for n in nodes}
             | {f"tp4x2-{group}-sglang-generation", f"tp4x2-{group}-readiness-check", f"tp4x2-{group}-router-member",
-               f"tp4x2-{group}-sglang-fabric-check"})  # fmt: skip
+               f"tp4x2-{group}-sglang-fabric-check"} | {f"tp4x2-{group}-sglang-rank{i}-memory" for i in range(4)}
+            | {f"tp4x2-{group}-image-agree"})  # fmt: skip
 
 
 def test_a_change_to_one_group_of_tp4x2_leaves_the_other_group_and_the_router_alone():

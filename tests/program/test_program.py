@@ -1,6 +1,7 @@
 """__main__.py under Pulumi mocks for the real stack files, asserting the resource graph."""
 
 import json
+import shlex
 
 import pytest
 
@@ -219,7 +220,8 @@ def test_local_share_mode_has_no_export_and_binds_everywhere():
     raw["share"] = {"mode": "local"}
     rec = run_program("tp4", cluster=raw)
     assert not [r for r in rec.of_type(REMOTE) if r.name.endswith("-export")]
-    assert {v.inputs["driverOpts"]["type"] for v in rec.of_type(VOLUME)} == {"none"}
+    checkpoints = [v for v in rec.of_type(VOLUME) if "-checkpoint-" in v.name]
+    assert len(checkpoints) == 4 and {v.inputs["driverOpts"]["type"] for v in checkpoints} == {"none"}
 
 
 def test_images_on_every_node_kept_on_destroy(rec, stack):
@@ -252,9 +254,10 @@ def test_api_key_file_written_from_stdin_on_the_head(rec, stack):
     # A new key or a new file path replaces the file (the old one is deleted, not left behind).
     key, path = key_cmd.inputs["triggers"]
     assert key == Secret(TEST_API_KEY) and path.endswith(f"/{stack}/api-key") and path in key_cmd.inputs["create"]
-    # ... and the group generation, whose triggers hold the file's ID, and with it every rank.
+    # ... and the group generation, whose triggers hold the file's ID (and the image identity the nodes
+    # agree on), and with it every rank.
     (generation,) = [r for r in rec.of_type(LOCAL) if r.name.endswith("-generation")]
-    assert generation.property_dependencies["triggers"] == [key_cmd.urn]
+    assert sorted(generation.property_dependencies["triggers"]) == sorted([key_cmd.urn, rec.named(f"{stack}-image-agree").urn])
 
 
 def test_secrets_never_in_plain_inputs_labels_or_outputs(rec):
@@ -322,7 +325,8 @@ def test_components_follow_naming_and_tokens(rec, stack):
     engine = ("EngramShards", "SglangGroup") if cluster_of(stack)["engine"] == "sglang" else ("VllmRayGroup",)
     assert {r.type for r in comps} == {
         f"deepseek-spark:index:{c}"
-        for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "Readiness", "FabricGate", *engine)
+        for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "CompileCaches", "Readiness",
+                  "FabricGate", *engine)
     }  # fmt: skip
     by_urn = {r.urn: r for r in rec.resources}
     for r in rec.resources:
@@ -453,3 +457,92 @@ def test_image_build_revision_follows_what_the_build_sends(tmp_path):
     assert revision(platform="linux/amd64") != base
     (ctx / "adapter" / "model.py").write_text("v2\n")
     assert revision() != base
+
+
+def test_each_node_has_a_memory_gate_between_the_generation_and_every_rank(rec, stack):
+    """The memory gate runs on its node once the old group is down (it depends on the new generation)
+    and before any rank starts (every rank depends on every node's gate), with the plan's figure."""
+    cfg = cluster_of(stack)
+    generation = next(r for r in rec.resources if r.name.endswith("-generation"))
+    gates = []
+    for rank, node in enumerate(cfg["nodes"]):
+        gate = next(r for r in rec.of_type(REMOTE) if r.name.endswith(f"-rank{rank}-memory"))
+        gates.append(gate.urn)
+        assert generation.urn in gate.dependencies and f"{stack}-{node['name']}-preflight" in {short(d) for d in gate.dependencies}
+        assert reveal(gate.inputs["connection"])["host"] == node["host"]
+        assert gate.inputs["stdin"].startswith('"""The memory gate')
+        assert f"--node {node['name']} " in gate.inputs["create"] and "--need-mib " in gate.inputs["create"]
+        assert "--no-drop" not in gate.inputs["create"]  # memory.dropCaches is on by default
+    for res, _ in ranks(rec):
+        assert set(gates) <= set(res.dependencies), res.name
+
+
+def test_the_memory_gates_need_is_what_the_plan_places_on_the_node():
+    from declared import config
+
+    cfg = config.parse_cluster(cluster_of("tp3"))
+    mp = plan.memory_plan(cfg)
+    head, worker = mp.ranks
+    assert plan.rank_need_mib(cfg, 0) == int((head.static_used_gib + head.outside_needed_gib) * 1024)
+    assert plan.rank_need_mib(cfg, 1) == int((worker.static_used_gib + worker.outside_needed_gib) * 1024)
+    assert plan.rank_need_mib(cfg, 0) > plan.rank_need_mib(cfg, 1)  # the head holds rank 0's extra
+
+
+@pytest.mark.parametrize("memory, present, flag", [({"dropCaches": False}, True, "--no-drop"), ({"memoryGate": False}, False, None)])
+def test_the_memory_gate_can_skip_the_drop_or_be_turned_off(memory, present, flag):
+    raw = cluster_of("tp2")
+    raw["memory"] = {**raw.get("memory", {}), **memory}
+    after = run_program("tp2", cluster=raw)
+    gates = [r for r in after.of_type(REMOTE) if r.name.endswith("-memory")]
+    assert bool(gates) == present
+    if flag:
+        assert all(flag in g.inputs["create"] for g in gates)
+
+
+@pytest.mark.parametrize("stack_name, refs", [("tp3", ["lmsysorg/sglang:dev-dsv41"]), ("sim", ["sglang-sim:test-double"])])
+def test_the_group_starts_only_when_every_nodes_image_id_agrees(stack_name, refs):
+    """A pulled image is compared by its own ID; an image built on each node by the ID of the base it is
+    built FROM (sim/overlay/Dockerfile), since two builds never share an ID. The agreement reads every node
+    over ssh before the group generation, which follows what the nodes agree on."""
+    rec = run_program(stack_name)
+    nodes = cluster_of(stack_name)["nodes"]
+    agree = rec.named(f"{stack_name}-image-agree")
+    argv = shlex.split(agree.inputs["create"])
+    assert argv[:3] == ["python3", "-m", "programs.imagecheck"]
+    spec = json.loads(argv[argv.index("--spec") + 1])
+    assert spec == {"group": stack_name, "refs": refs,
+                    "nodes": [{"name": n["name"], "target": f"{n['sshUser']}@{n['host']}", "port": 22} for n in nodes]}
+    # again before every group start, and whenever a node's image changes
+    assert agree.inputs["triggers"][0] == rec.outputs["group_revision"] and len(agree.inputs["triggers"]) == 1 + len(nodes)
+    assert {short(d) for d in agree.dependencies} >= {f"{stack_name}-image-{n['name']}" for n in nodes}
+    generation = rec.named(f"{stack_name}-sglang-generation")
+    assert agree.urn in generation.property_dependencies["triggers"]
+
+
+def test_base_images_are_the_dockerfiles_from_lines_not_its_stages():
+    text = "ARG BASE=lmsysorg/sglang:dev\nFROM ${BASE} AS build\nRUN make\nFROM build\nFROM scratch\n" \
+           "FROM --platform=linux/arm64 nvidia/cuda:13.0-base AS cuda\n"
+    assert plan.base_images(text) == ["lmsysorg/sglang:dev", "nvidia/cuda:13.0-base"]
+    assert plan.base_images(text, {"BASE": "mine:1"}) == ["mine:1", "nvidia/cuda:13.0-base"]
+
+
+def test_every_rank_mounts_its_nodes_compile_cache_kept_on_destroy(rec, stack):
+    """FlashInfer/DeepGEMM/vLLM (~/.cache), Triton and torch inductor (pointed there) keep what they compile
+    and tune in a volume per node, retained on destroy; its name follows the node's image ID."""
+    for rank, (res, _) in enumerate(ranks(rec)):
+        node = cluster_of(stack)["nodes"][rank]["name"]
+        cache = rec.named(f"{stack}-compile-cache-{node}")
+        assert cache.retain_on_delete and cache.provider.startswith(provider_of_node(rec, stack, node))
+        mount = next(m for m in res.inputs["mounts"] if m["target"] == plan.CACHE_MOUNT)
+        assert mount["type"] == "volume" and not mount.get("readOnly")
+        assert cache.urn in res.property_dependencies["mounts"]
+        env = dict(e.split("=", 1) for e in res.inputs["envs"])
+        assert env["TRITON_CACHE_DIR"] == "/root/.cache/triton" and env["TORCHINDUCTOR_CACHE_DIR"] == "/root/.cache/torchinductor"
+
+
+def test_the_compile_cache_volume_name_follows_the_image_id():
+    from components.caches import volume_name
+
+    a, b = volume_name("tp3-compile-cache", "sha256:aaa"), volume_name("tp3-compile-cache", "sha256:bbb")
+    assert a.startswith("tp3-compile-cache-") and len(a) == len("tp3-compile-cache-") + 12 and a != b
+    assert a == volume_name("tp3-compile-cache", "sha256:aaa")

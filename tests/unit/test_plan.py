@@ -190,8 +190,8 @@ def test_vllm_specs_head_serves_worker_joins():
     assert head.args[0] == "serve" and _flag(head.args, "--gpu-memory-utilization") == "0.85"
     assert "--max-num-seqs" not in head.args
     assert worker.args[:4] == ["ray", "start", "--block", "--address"]
-    assert [m.target for m in head.mounts] == [plan.MODEL_MOUNT, plan.API_KEY_MOUNT]
-    assert [m.target for m in worker.mounts] == [plan.MODEL_MOUNT]
+    assert [m.target for m in head.mounts] == [plan.MODEL_MOUNT, plan.CACHE_MOUNT, plan.API_KEY_MOUNT]
+    assert [m.target for m in worker.mounts] == [plan.MODEL_MOUNT, plan.CACHE_MOUNT]
     assert head.env["VLLM_HOST_IP"] == "10.0.22.1" and worker.env["VLLM_HOST_IP"] == "10.0.22.2"
 
 

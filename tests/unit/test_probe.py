@@ -146,6 +146,15 @@ def test_an_exited_rank_is_named_with_exit_code_and_log_tail_key_redacted():
     assert KEY not in msg and "[secret]" in msg
 
 
+def test_a_rank_its_memory_limit_killed_says_so():
+    nodes = FakeNodes({"tp2-rank0": (0, "running 0 false\n"), "tp2-rank1": (0, "exited 137 true\n")}, logs="Killed\n")
+    msg = probe.exited_rank(RANKS, [], KEY, run=nodes)
+    assert msg.startswith("rank 1 (tp2-rank1 on zurih@10.0.0.2) exited with code 137 after its container's memory "
+                          "limit killed it (OOMKilled)")
+    assert "exited with code 2 after" not in probe.exited_rank(
+        RANKS, [], KEY, run=FakeNodes({"tp2-rank0": (0, "exited 2 false\n"), "tp2-rank1": (0, "running 0 false\n")}))
+
+
 def test_a_removed_rank_is_down_an_unreachable_node_is_not_judged():
     assert "does not exist" in probe.exited_rank(
         RANKS[:1], [], KEY, run=FakeNodes({"tp2-rank0": (1, "Error: No such object: tp2-rank0")})
