@@ -228,7 +228,7 @@ class Demo:
             # --preserve-config: `stack rm` would delete Pulumi.<stack>.yaml, the checked-in stack file
             self.cli("stack", "rm", "--yes", "--preserve-config", self.stack)
         self.say(f"deleting the simulated cluster {CLUSTER!r} (images stay cached)")
-        sim_cluster.delete(CLUSTER, log=lambda m: self.out.write(f"    {m}\n"))
+        sim_cluster.delete(CLUSTER, log=lambda m: self.out.write(f"    {m}\n"), purge=True)
         return 0
 
 

@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--nodes", type=int, default=3)
     c.add_argument("--subnet", default=None, help="default 172.30.99.0/24")
     c.add_argument("--retain", action="store_true", help="keep a half-created cluster for debugging")
-    for name, hlp in (("status", "per-node health"), ("delete", "remove nodes, volumes, network"),
+    for name, hlp in (("status", "per-node health"), ("delete", "remove nodes and network (--purge: their engines too)"),
                       ("ssh-config", "print the ssh config block")):
         s = sub.add_parser(name, help=hlp)
         s.add_argument("--name", default="sim")
@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--uninstall", action="store_true", help="remove that Include line")
         if name == "status":
             s.add_argument("--json", action="store_true")
+        if name == "delete":
+            s.add_argument("--purge", action="store_true",
+                           help="also remove the nodes' docker engines (the loaded engine image, kept otherwise)")
     for name in ("stop-node", "start-node"):
         s = sub.add_parser(name)
         s.add_argument("node", help="spark<i>")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(cluster.format_status(st))
             return 0 if st["healthy"] else 1
         elif a.cmd == "delete":
-            cluster.delete(a.name, log=log)
+            cluster.delete(a.name, log=log, purge=a.purge)
         elif a.cmd == "stop-node":
             cluster.stop_node(a.name, a.node, log=log)
         elif a.cmd == "start-node":

@@ -341,6 +341,33 @@ def _ensure_network(p: ClusterPlan) -> None:
                                                "--label", f"{LABEL_RAIL}={letter}"])
 
 
+def docker_volume(cluster: str, index: int) -> str:
+    """The node's /var/lib/docker: a named volume kept by `delete` (unless purged), so the next cluster of
+    that name starts with the engine image already loaded; everything else in it is reset at create."""
+    return f"dspark-sim-{cluster}-node{index}-docker"
+
+
+# What create removes from a node's kept engine: every container, volume, network and build cache, and
+# every image but the engine images (a node then holds what a fresh one would).
+RESET_INNER = (
+    "docker ps -aq | xargs -r docker rm -f -v >/dev/null; "
+    "docker volume ls -q | xargs -r docker volume rm -f >/dev/null; "
+    "docker network prune -f >/dev/null; docker builder prune -af >/dev/null 2>&1; "
+    "keep=$(docker image inspect --format '{{.Id}}' %s 2>/dev/null | sort -u); "
+    "for id in $(docker image ls -aq --no-trunc | sort -u); do "
+    "echo \"$keep\" | grep -qx \"$id\" || docker rmi -f \"$id\" >/dev/null 2>&1 || true; done; "
+    "docker image ls --format '{{.Repository}}:{{.Tag}}' | grep -vxF -e %s | xargs -r docker rmi >/dev/null 2>&1 || true"
+)
+
+
+def _reset_inner(n: NodeInfo) -> None:
+    names = " ".join(images.ENGINE_IMAGES)
+    flags = " -e ".join(images.ENGINE_IMAGES)
+    r = backend.exec_in(n.container, "sh", "-c", RESET_INNER % (names, flags), timeout=300)
+    if r.returncode != 0:
+        raise SimError(f"{n.name}: resetting its kept docker engine failed: {(r.stderr or r.stdout).strip()}")
+
+
 def _node_tar(pubkey: str, model: dict | None = None) -> bytes:
     files = {"root/.ssh/authorized_keys": (pubkey.encode(), 0o600)}
     if model is not None:
@@ -358,7 +385,7 @@ def _create_node(p: ClusterPlan, n: NodeInfo, image: str, pubkey: str) -> None:
             "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
             "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
             "--security-opt", "systempaths=unconfined",
-            "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", "/var/lib/docker",
+            "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", f"{docker_volume(p.name, n.index)}:/var/lib/docker",
             "--tmpfs", "/run:rw,exec,mode=755,size=512m",
             # a Spark's /dev/shm is a large tmpfs; docker's 64 MiB default starves Ray's object store
             # (ranks share the node's IPC namespace: ipc_mode host)
@@ -564,6 +591,7 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
         for n, m in zip(p.nodes, marks):
             log(f"  {n.name} {n.ip}: running {m['running']:.1f}s, sshd {m['sshd']:.1f}s, docker {m['docker']:.1f}s")
         t2 = time.monotonic()
+        _parallel(_reset_inner, p.nodes)
         res = _parallel(lambda n: _load_engine_image(n, tar, want_id), p.nodes)
         timings["engine_image_load"] = time.monotonic() - t2
         log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(p.nodes, res)))
@@ -583,13 +611,20 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
                        rail_networks=p.rail_networks, rail_subnets=p.rail_subnets)
 
 
-def _delete(name: str = DEFAULT_CLUSTER, log=print) -> None:
-    """Idempotent: remove nodes (with their anonymous volumes), the network and ssh state."""
+def _delete(name: str = DEFAULT_CLUSTER, log=print, purge: bool = False) -> None:
+    """Idempotent: remove nodes, the network and ssh state; the nodes' docker engines (docker_volume) stay
+    unless `purge`."""
     rows = backend.containers_by_label(LABEL_CLUSTER, name)
     ids = [r["ID"] for r in rows]
     if ids:
         backend.docker("rm", "-f", "-v", *ids, timeout=300)
         log(f"removed {len(ids)} node container(s) of {name!r}")
+    if purge:
+        prefix = docker_volume(name, 0)[:-len("0-docker")]
+        kept = [v for v in backend.docker("volume", "ls", "-q", timeout=60).stdout.split() if v.startswith(prefix)]
+        if kept:
+            backend.docker("volume", "rm", "-f", *kept, timeout=300)
+            log(f"removed {len(kept)} node engine volume(s) of {name!r}")
     for net in backend.networks_by_label(LABEL_CLUSTER, name):
         backend.docker("network", "rm", net, check=False)
         log(f"removed network {net}")
@@ -790,11 +825,11 @@ def create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = Non
         return _create(name, nodes, subnet, log, timeout, retain)
 
 
-def delete(name: str = DEFAULT_CLUSTER, log=print) -> None:
-    """Idempotent: remove nodes (with their anonymous volumes), the network and ssh state;
-    the image and rootfs caches stay."""
+def delete(name: str = DEFAULT_CLUSTER, log=print, purge: bool = False) -> None:
+    """Idempotent: remove nodes, the network and ssh state; the image and rootfs caches stay, and so do
+    the nodes' docker engines (the engine image loaded: the next create is faster) unless `purge`."""
     with _cluster_lock(name):
-        _delete(name, log)
+        _delete(name, log, purge)
 
 
 def set_rail(name: str, node: str, rail: str, *, state: str | None = None, speed_mbps: int | None = None,
