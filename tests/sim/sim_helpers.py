@@ -76,11 +76,11 @@ def worker_args(head_ip: str, ip: str, ray_port: int = 6379) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ ssh / http ----
-def ssh(info, node, cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+def ssh(info, node, cmd: str, timeout: float = 120, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
     """ssh as pulumi's docker provider does it: explicit key + known_hosts + strict checking."""
     opts = info.ssh.ssh_opts()
     r = subprocess.run(["ssh", "-F", "/dev/null", *opts, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "--",
-                        f"root@{node.ip}", cmd], capture_output=True, text=True, timeout=timeout)
+                        f"root@{node.ip}", cmd], capture_output=True, text=True, timeout=timeout, input=input)
     if check:
         assert r.returncode == 0, f"{node.name}: {cmd}\n{r.stdout}\n{r.stderr}"
     return r

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -134,6 +135,35 @@ def test_pack_engram_on_node(sim_cluster):
     second = ssh(sim_cluster, n, run).stdout
     assert second.count("skip") == 2
     assert ssh(sim_cluster, n, "stat -c '%n %s %Y' /srv/engram/engram-l*-r2of3.bin").stdout == m1
+
+
+def test_meminfo_moves_with_a_pack_a_copy_a_drop_and_held_memory(sim_cluster):
+    """The node's /proc/meminfo (sim-meminfo): written files fill the page cache, the sysctl stand-in empties
+    it, held memory is neither free nor available; the real memory gate reads the same file."""
+    name, n = sim_cluster.name, sim_cluster.nodes[1]
+    ssh(sim_cluster, n, "sysctl -w vm.drop_caches=3 >/dev/null")
+    time.sleep(0.6)
+    base = cluster.meminfo(name, n.name)
+    ssh(sim_cluster, n, "mkdir -p /srv/engram/t && cp -r /srv/models/DS4.1/engram /srv/engram/t/ && sync")
+    time.sleep(1.2)  # the daemon renders every 0.5 s
+    filled = cluster.meminfo(name, n.name)
+    assert filled["Cached"] > base["Cached"] + 100_000 and filled["MemFree"] < base["MemFree"] - 100_000
+    assert filled["MemAvailable"] < base["MemAvailable"]  # the cache is mostly, not all, reclaimable
+    assert "vm.drop_caches = 3" in ssh(sim_cluster, n, "sysctl -w vm.drop_caches=3").stdout
+    time.sleep(0.6)
+    assert cluster.meminfo(name, n.name)["Cached"] == base["Cached"]
+    pid = cluster.hold_memory(name, n.name, 100 * 1024)
+    try:
+        held = cluster.meminfo(name, n.name)
+        assert base["MemAvailable"] - held["MemAvailable"] == 100 * 1024
+        assert ssh(sim_cluster, n, f"cat /proc/{pid}/comm").stdout.strip() == "sim-memory-hold"
+        gate = ssh(sim_cluster, n, "python3 - --node x --role worker --need-mib 30000", check=False,
+                   input=(Path(__file__).parents[2] / "programs" / "memgate.py").read_text())  # fmt: skip
+        assert gate.returncode == 1 and "largest processes: sim-memory-hold (pid" in gate.stderr, gate.stderr
+    finally:
+        cluster.release_memory(name, n.name)
+        ssh(sim_cluster, n, "rm -rf /srv/engram/t")
+    assert cluster.meminfo(name, n.name)["MemAvailable"] == base["MemAvailable"]
 
 
 # ---------------------------------------------------------------------------- rank group ----
