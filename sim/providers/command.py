@@ -7,14 +7,17 @@ lists it. It implements what the program uses, with the real provider's semantic
 
 - `command:remote:Command` and `command:local:Command`;
 - Diff: a change of `triggers` replaces; any other input change (create, update, delete, stdin,
-  connection, environment, logging, ...) is an update, which runs `update`, or `create` again;
+  connection, environment, logging, ...) is an update, which runs `update` (nothing when it is ""), or
+  `create` again when there is none;
 - Create/Update run the command and return the inputs plus `stdout`/`stderr`; nothing runs at preview;
 - Delete runs the *old* `delete` with the old connection; `PULUMI_COMMAND_STDOUT`/`_STDERR` hold the
   previous output unless `addPreviousOutputInEnv` is false;
 - Read (refresh) changes nothing: commands have no live state to read;
 - remote connection like Go's x/crypto/ssh as the provider uses it: `privateKey`, `password` or the
   ssh agent; ~/.ssh/config, identity files and known_hosts are NOT read; the host key is checked
-  only when `hostKey` is given (otherwise any key is accepted, as the real provider does);
+  only when `hostKey` is given (otherwise any key is accepted, as the real provider does), and a pin
+  restricts the handshake to its type (an RSA pin: `ssh-rsa` only, which OpenSSH 8.8+ refuses);
+  stdout and stderr are read together;
   `dialErrorLimit` dials (default 10) of `perDialTimeout` seconds (default 15) each;
 - a failure reports `running "<command>"` and the output, as the real provider does (which is why
   no secret may ever be part of a command string).
@@ -63,6 +66,37 @@ class PinnedHostKey(paramiko.MissingHostKeyPolicy):
             )
 
 
+def host_key_algorithms(host_key: str | None) -> dict | None:
+    """paramiko's disabled_algorithms for a pin: like the real provider, a pinned key restricts the handshake
+    to that key's type, and an RSA pin to `ssh-rsa` (SHA-1) only: x/crypto/ssh's FixedHostKey gives the
+    client the key's Type(), "ssh-rsa", as its one host key algorithm (pulumi-command provider/pkg/provider/
+    remote/connection.go, golang.org/x/crypto ssh/client.go), which OpenSSH 8.8+ servers refuse."""
+    if not host_key:
+        return None
+    pinned = host_key.split()[0]
+    return {"keys": [k for k in paramiko.Transport._preferred_keys if k != pinned]}
+
+
+def _read_both(channel) -> tuple[bytes, bytes]:
+    """stdout and stderr read at once (the real provider copies both streams concurrently): reading one to
+    its end first would hang on a command that fills the other's window."""
+    out, err = bytearray(), bytearray()
+    while True:
+        got = False
+        if channel.recv_ready():
+            out += channel.recv(65536)
+            got = True
+        if channel.recv_stderr_ready():
+            err += channel.recv_stderr(65536)
+            got = True
+        if not got:
+            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                if channel.eof_received or channel.closed:
+                    break
+            time.sleep(0.01)
+    return bytes(out), bytes(err)
+
+
 def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) -> tuple[int, str, str]:
     host, port, user = conn["host"], int(conn.get("port", 22)), conn.get("user", "root")
     pkey = load_private_key(conn["privateKey"], conn.get("privateKeyPassword")) if conn.get("privateKey") else None
@@ -70,10 +104,7 @@ def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) 
     per_dial = float(conn.get("perDialTimeout", 15))
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(PinnedHostKey(conn.get("hostKey")))
-    # Like the real provider, a pinned key restricts the handshake to that key's type.
-    pinned_type = conn["hostKey"].split()[0] if conn.get("hostKey") else None
-    disabled = {"keys": [k for k in paramiko.Transport._preferred_keys if k != pinned_type
-                         and not (pinned_type == "ssh-rsa" and k.startswith("rsa-sha2"))]} if pinned_type else None
+    disabled = host_key_algorithms(conn.get("hostKey"))
     last: Exception | None = None
     for attempt in range(attempts if attempts > 0 else 1_000_000):
         try:
@@ -104,7 +135,7 @@ def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) 
             channel.shutdown_write()
         except OSError:
             pass  # the command finished without reading its stdin (e.g. `rm -f` on delete): not an error
-        out, err = channel.makefile("rb").read(), channel.makefile_stderr("rb").read()
+        out, err = _read_both(channel)
         return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
     finally:
         client.close()
@@ -167,7 +198,9 @@ class CommandProvider(Provider):
     def update(self, type_: str, urn: str, id_: str, olds: dict, news: dict, preview: bool) -> dict:
         if preview:
             return {**news, "stdout": UNKNOWN, "stderr": UNKNOWN}
-        script = reveal(news.get("update")) or reveal(news.get("create"))
+        # `update` when given, even empty (then nothing runs), else `create` (provider/pkg/provider/common: a
+        # nil Update falls back to Create, an empty one is an empty command)
+        script = reveal(news["update"]) if news.get("update") is not None else reveal(news.get("create"))
         previous = {k: reveal(olds.get(k, "")) for k in OUTPUTS}
         return {**news, **self._run(type_, urn, news, script, previous)}
 

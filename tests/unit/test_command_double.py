@@ -4,7 +4,7 @@ import paramiko
 import pytest
 
 from sim.providers.base import SECRET_SIG, SIG_KEY, UNKNOWN, ProviderError
-from sim.providers.command import LOCAL, REMOTE, CommandProvider, PinnedHostKey
+from sim.providers.command import LOCAL, REMOTE, CommandProvider, PinnedHostKey, _read_both, host_key_algorithms
 
 URN = "urn:pulumi:sim::deepseek-spark::command:local:Command::probe"
 
@@ -75,3 +75,53 @@ def test_a_pinned_host_key_must_match_an_unpinned_one_is_accepted_like_the_real_
 def test_other_resource_types_are_refused(p):
     with pytest.raises(ProviderError, match="does not implement command:remote:CopyToRemote"):
         p.check("command:remote:CopyToRemote", {}, {})
+
+
+def test_an_empty_update_runs_nothing_a_missing_one_runs_create(p, tmp_path):
+    marker = tmp_path / "ran"
+    old = {"create": f"touch {marker}", "stdout": "", "stderr": ""}
+    p.update(LOCAL, URN, "id", old, {"create": f"touch {marker}", "update": ""}, preview=False)
+    assert not marker.exists()
+    p.update(LOCAL, URN, "id", old, {"create": f"touch {marker}"}, preview=False)
+    assert marker.exists()
+
+
+def test_an_rsa_pin_offers_only_ssh_rsa_like_the_real_client():
+    """The real client's only host key algorithm for an RSA pin is ssh-rsa (SHA-1): rsa-sha2-* are off."""
+    rsa = host_key_algorithms("ssh-rsa AAAAB3NzaC1yc2E=")["keys"]
+    assert "ssh-rsa" not in rsa and "rsa-sha2-256" in rsa and "rsa-sha2-512" in rsa and "ssh-ed25519" in rsa
+    assert "ssh-ed25519" not in host_key_algorithms("ssh-ed25519 AAAA")["keys"]
+    assert host_key_algorithms(None) is None
+
+
+def test_a_remote_command_with_a_large_stderr_does_not_hang():
+    """Both streams are drained at once: 1 MiB on stderr before anything on stdout."""
+    import threading
+
+    class Channel:
+        def __init__(self):
+            self.err, self.out, self.closed, self.eof_received = b"e" * (1 << 20), b"done", False, False
+
+        def recv_ready(self):
+            return not self.err and bool(self.out)  # stdout only after stderr was read: a full window
+
+        def recv_stderr_ready(self):
+            return bool(self.err)
+
+        def recv(self, n):
+            data, self.out = self.out[:n], self.out[n:]
+            self.eof_received = not self.out
+            return data
+
+        def recv_stderr(self, n):
+            data, self.err = self.err[:n], self.err[n:]
+            return data
+
+        def exit_status_ready(self):
+            return not self.err and not self.out
+
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("v", _read_both(Channel())), daemon=True)
+    t.start()
+    t.join(10)
+    assert result["v"] == (b"done", b"e" * (1 << 20))
