@@ -490,6 +490,14 @@ def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]
                 "remote commands must verify the node; fix: check the node's key fingerprint, then add it with "
                 f"`ssh-keyscan -p {node.ssh_port} {node.host} >> {known}` (or set nodes[{i}].hostKey)"
             )
+        elif key is not None and key.startswith("ssh-rsa "):
+            where = f"nodes[{i}].hostKey" if node.host_key else f"{known}, which holds only an RSA key for it,"
+            problems.append(
+                f"cluster.nodes[{i}].hostKey: {node.host} would be pinned to an RSA host key ({where}); pulumi-command's "
+                "ssh client then signs with ssh-rsa (SHA-1) only, which OpenSSH 8.8 and later refuse, so every remote "
+                f"command would fail; fix: pin the node's ed25519 or ECDSA key: `ssh-keyscan -t ed25519 -p "
+                f"{node.ssh_port} {node.host} >> {known}` (check its fingerprint first), or set nodes[{i}].hostKey to it"
+            )
         keys.append(key)
     return tuple(keys), problems
 

@@ -183,6 +183,22 @@ def test_a_node_missing_from_known_hosts_is_refused_with_strict_checking(tmp_pat
     assert run_program("tp4", cluster=raw).named("tp4-spark2-preflight").plain["connection"].get("hostKey") is None
 
 
+def test_an_rsa_only_pin_is_refused_with_the_ed25519_fix(tmp_path):
+    """pulumi-command's client offers only ssh-rsa (SHA-1) for an RSA pin, which OpenSSH 8.8+ refuses:
+    a node known only by its RSA key (or pinned to one) fails the preview, not every remote command."""
+    known = tmp_path / "known_hosts"
+    raw = cluster_of("tp4")
+    known.write_text("".join(f"{n['host']} {fake_host_key(n['host'])}\n" for n in raw["nodes"][1:])
+                     + "10.0.0.1 ssh-rsa AAAAB3NzaC1yc2E=\n")  # fmt: skip
+    raw["ssh"] = {"knownHostsFile": str(known)}
+    with pytest.raises(pulumi.RunError, match=r"cluster.nodes\[0\].hostKey: 10.0.0.1 would be pinned to an RSA host key") as err:
+        run_program("tp4", cluster=raw)
+    assert "OpenSSH 8.8" in str(err.value) and f"ssh-keyscan -t ed25519 -p 22 10.0.0.1 >> {known}" in str(err.value)
+    raw["nodes"][0]["hostKey"] = "ssh-rsa AAAAB3NzaC1yc2E="
+    with pytest.raises(pulumi.RunError, match=r"\(nodes\[0\].hostKey\)"):
+        run_program("tp4", cluster=raw)
+
+
 def test_hashed_and_port_entries_of_known_hosts_are_understood(tmp_path):
     import base64
     import hashlib
