@@ -142,6 +142,9 @@ def exited_rank(ranks: list[str], ssh_opts: list[str], key: str, run=on_node) ->
                 return f"rank {rank} ({container} on {target}) does not exist: it was removed or never started"
             continue
         status, exit_code, oom = (out.strip().split(" ") + ["", ""])[:3]
+        if status == "created":  # Pulumi creates and starts a rank: still `created` means its start failed
+            return (f"rank {rank} ({container} on {target}) was created but never started: docker could not start "
+                    "it (a missing device, a GPU or driver error); `docker start` it on the node to see why")
         if status in ("exited", "dead"):
             _, logs = run(target, port, ssh_opts, f"docker logs --tail {LOG_LINES} {shlex.quote(container)} 2>&1")
             tail = redact(logs, key)

@@ -132,9 +132,17 @@ RANKS = ["0=tp2-rank0@root@10.0.0.1:22", "1=tp2-rank1@zurih@10.0.0.2:2222"]
 
 
 def test_running_ranks_are_not_down():
-    nodes = FakeNodes({"tp2-rank0": (0, "running 0\n"), "tp2-rank1": (0, "created 0\n")})
+    nodes = FakeNodes({"tp2-rank0": (0, "running 0 false\n"), "tp2-rank1": (0, "running 0 false\n")})
     assert probe.exited_rank(RANKS, ["-o", "BatchMode=yes"], KEY, run=nodes) is None
     assert nodes.calls[1][:3] == ("zurih@10.0.0.2", 2222, ("-o", "BatchMode=yes"))
+
+
+def test_a_rank_left_created_is_down():
+    """pulumi-docker keeps a container whose start failed after `docker create` (ErrorResourceInitFailed): it
+    stays `created`, which is down, not a boot still in progress."""
+    nodes = FakeNodes({"tp2-rank0": (0, "running 0 false\n"), "tp2-rank1": (0, "created 0 false\n")})
+    assert probe.exited_rank(RANKS, [], KEY, run=nodes).startswith(
+        "rank 1 (tp2-rank1 on zurih@10.0.0.2) was created but never started")
 
 
 def test_an_exited_rank_is_named_with_exit_code_and_log_tail_key_redacted():
