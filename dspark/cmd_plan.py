@@ -114,6 +114,9 @@ def build(stack: Stack) -> dict[str, Any]:
                     "generation": spec.generation,
                 },
                 "memory": by_role.get(spec.role) or by_role.get("head"),
+                # the rank container's limit (memory = memorySwap) and what the memory gate wants available
+                "memory_limit_mib": spec.memory_mib,
+                "memory_gate_need_mib": plan.rank_need_mib(cfg, node.rank) if cfg.memory.memory_gate else None,
             }  # fmt: skip
         )
     doc["nodes"] = nodes
@@ -183,9 +186,11 @@ def _text(doc: dict, stack: Stack) -> str:
         m = n["memory"] or {}
         rows.append([n["rank"], n["name"], m.get("role"), m.get("staticPoolGiB"), m.get("weightsGiB"), m.get("kvGiB"),
                      m.get("windowGiB"), m.get("staticUsedGiB"), m.get("outsideGiB"), m.get("outsideNeededGiB"),
-                     m.get("headroomGiB")])  # fmt: skip
+                     m.get("headroomGiB"), n["memory_limit_mib"], n["memory_gate_need_mib"]])  # fmt: skip
     out.append(table(["RANK", "NODE", "ROLE", "POOL GiB", "WEIGHTS", "KV", "WINDOW", "USED", "OUTSIDE", "OUTSIDE NEED",
-                      "HEADROOM"], rows, indent="  "))  # fmt: skip
+                      "HEADROOM", "LIMIT MiB", "GATE NEEDS MiB"], rows, indent="  "))  # fmt: skip
+    out.append("  LIMIT: the rank container's memory limit (swap included); GATE NEEDS: MemAvailable the memory gate "
+               "wants on the node, after dropping the page cache, before the rank starts")
     for n in doc["nodes"]:
         c = n["container"]
         out.append(f"\nrank {n['rank']}: {c['name']} on {n['name']} ({c['image']}, restart={c['restart']}, "

@@ -78,7 +78,8 @@ def test_a_serving_change_takes_the_group_down_before_the_new_ray_head_starts(fi
     before = containers_of(STACK, NODES)
     project.set_config("cluster.serving.maxModelLen", "65536")
     preview = project.preview().check()
-    assert "+-7 to replace" in resources_summary(preview.text), resources_summary(preview.text)  # + fabric gate
+    # 2 ranks, generation, readiness, 2 preflights, fabric gate, 2 memory gates, the image agreement
+    assert "+-10 to replace" in resources_summary(preview.text), resources_summary(preview.text)
     assert "131072" in preview.text and "65536" in preview.text
     t0 = time.time()
     project.timed("sim-tp2: serving change, up to answer", project.up()).check()
