@@ -17,6 +17,7 @@ and hand back the engine's own structures (`outputs = {**inputs, ...}`), so secr
 from __future__ import annotations
 
 import sys
+import threading
 import traceback
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any
 import grpc
 from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime import rpc
-from pulumi.runtime.proto import plugin_pb2, provider_pb2, provider_pb2_grpc
+from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, plugin_pb2, provider_pb2, provider_pb2_grpc
 
 UNKNOWN = rpc.UNKNOWN  # the engine's sentinel for a value not known yet (preview)
 SECRET_SIG = rpc._special_secret_sig
@@ -134,6 +135,22 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
 
     name = "test-double"
     version = "0.0.0"
+    engine: engine_pb2_grpc.EngineStub | None = None  # the engine's Log service (its address: Handshake, argv[1])
+    _step = threading.local()  # per gRPC worker thread: the step being served (its timeout)
+
+    def log_status(self, urn: str, message: str) -> None:
+        """An ephemeral info message on the resource, as pulumi-go-provider's ctx.LogStatus sends it (the CLI
+        shows it on the resource's row; the event log keeps it as a diagnostic event)."""
+        if self.engine is None:
+            return
+        try:
+            self.engine.Log(engine_pb2.LogRequest(severity=engine_pb2.INFO, message=message, urn=urn, ephemeral=True))
+        except grpc.RpcError:
+            pass  # an engine that went away while a command ran: nothing to tell
+
+    def connect_engine(self, address: str) -> None:
+        if address and self.engine is None:
+            self.engine = engine_pb2_grpc.EngineStub(grpc.insecure_channel(address))
 
     # ------------------------------------------------------------------ what subclasses implement
 
@@ -171,6 +188,7 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         return plugin_pb2.PluginInfo(version=self.version)
 
     def Handshake(self, request, context):
+        self.connect_engine(request.engine_address)
         return provider_pb2.ProviderHandshakeResponse(accept_secrets=True, accept_resources=True)
 
     def GetSchema(self, request, context):
@@ -207,7 +225,15 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
             self._fail(context, f"diff {request.urn}", exc)
         return d.response()
 
+    def step_timeout(self) -> float | None:
+        """The running step's customTimeouts deadline in seconds (the engine's `timeout` field), None without one."""
+        return getattr(self._step, "timeout", None)
+
+    def _start_step(self, request) -> None:
+        self._step.timeout = getattr(request, "timeout", 0) or None
+
     def Create(self, request, context):
+        self._start_step(request)
         try:
             id_, outputs = self.create(type_of(request.urn), request.urn, from_struct(request.properties), request.preview)
         except Exception as exc:  # noqa: BLE001
@@ -227,6 +253,7 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         return provider_pb2.ReadResponse(id=request.id, properties=to_struct(state), inputs=to_struct(inputs))
 
     def Update(self, request, context):
+        self._start_step(request)
         olds = from_struct(request.olds)  # the old state (outputs): commands hand their old stdout on
         try:
             outputs = self.update(
@@ -237,6 +264,7 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         return provider_pb2.UpdateResponse(properties=to_struct(outputs))
 
     def Delete(self, request, context):
+        self._start_step(request)
         try:
             self.delete(type_of(request.urn), request.urn, request.id, from_struct(request.properties))
         except Exception as exc:  # noqa: BLE001
@@ -253,6 +281,8 @@ def serve(provider: Provider) -> None:
         futures.ThreadPoolExecutor(max_workers=16),
         options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)],
     )
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):  # the engine passes its address first
+        provider.connect_engine(sys.argv[1])
     provider_pb2_grpc.add_ResourceProviderServicer_to_server(provider, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

@@ -20,7 +20,11 @@ lists it. It implements what the program uses, with the real provider's semantic
   stdout and stderr are read together;
   `dialErrorLimit` dials (default 10) of `perDialTimeout` seconds (default 15) each;
 - a failure reports `running "<command>"` and the output, as the real provider does (which is why
-  no secret may ever be part of a command string).
+  no secret may ever be part of a command string);
+- every line of stdout and stderr goes to the engine as an ephemeral info message on the resource
+  (`logging`: stdout, stderr, stdoutAndStderr (default) or none), so the event log holds it;
+- a local command still running when its step's customTimeouts deadline passes is killed, and the
+  step fails with a bare `signal: killed`.
 """
 
 from __future__ import annotations
@@ -141,17 +145,29 @@ def run_remote(conn: dict, script: str, stdin: str | None, env: dict[str, str]) 
         client.close()
 
 
-def run_local(inputs: dict, script: str, stdin: str | None, env: dict[str, str]) -> tuple[int, str, str]:
+KILLED = -9  # what run_local reports for a command its step's deadline killed
+
+
+def run_local(inputs: dict, script: str, stdin: str | None, env: dict[str, str],
+              timeout: float | None = None) -> tuple[int, str, str]:  # fmt: skip
+    """The command under `interpreter`; past `timeout` (the step's customTimeouts) it is killed, as the real
+    provider's exec.CommandContext kills it when the engine's deadline passes."""
     interpreter = inputs.get("interpreter") or ["/bin/sh", "-c"]
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [*interpreter, script],
         cwd=inputs.get("dir") or os.getcwd(),
         env={**os.environ, **(inputs.get("environment") or {}), **env},
-        input=stdin or "",
-        capture_output=True,
-        text=True,
-    )
-    return proc.returncode, proc.stdout, proc.stderr
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(stdin or "", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # like Go's exec.CommandContext: the process itself is killed (not what it started), and the output
+        # is read until its pipes close
+        proc.kill()
+        out, err = proc.communicate()
+        return KILLED, out, err
+    return proc.returncode, out, err
 
 
 class CommandProvider(Provider):
@@ -179,13 +195,25 @@ class CommandProvider(Provider):
         if type_ == REMOTE:
             code, out, err = run_remote(plain["connection"], script, stdin, env)
         else:
-            code, out, err = run_local(plain, script, stdin, env)
+            code, out, err = run_local(plain, script, stdin, env, self.step_timeout())
+        self._log_output(urn, plain.get("logging") or "stdoutAndStderr", out, err)
+        if code == KILLED:  # Go's exec error for a process the context killed: nothing more
+            raise ProviderError("signal: killed")
         if code != 0:
             name = urn.rsplit("::", 1)[-1]
             raise ProviderError(
                 f"{name}: Process exited with status {code}: running {script!r}:\n{(out + err)[-4000:]}"
             )
         return {"stdout": out.rstrip("\n"), "stderr": err.rstrip("\n")}
+
+    def _log_output(self, urn: str, logging: str, out: str, err: str) -> None:
+        """Every line of the streams `logging` names, to the engine, as the real provider logs them
+        (provider/pkg/provider/util: ctx.LogStatus(diag.Info, line) per line; `none` logs nothing). The
+        double sends them once the command ended, stdout's lines before stderr's; the real one as they come."""
+        streams = {"stdout": [out], "stderr": [err], "stdoutAndStderr": [out, err], "none": []}.get(logging, [out, err])
+        for text in streams:
+            for line in text.splitlines():
+                self.log_status(urn, line)
 
     def create(self, type_: str, urn: str, inputs: dict, preview: bool) -> tuple[str, dict]:
         if preview:

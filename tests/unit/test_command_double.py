@@ -125,3 +125,38 @@ def test_a_remote_command_with_a_large_stderr_does_not_hang():
     t.start()
     t.join(10)
     assert result["v"] == (b"done", b"e" * (1 << 20))
+
+
+@pytest.mark.parametrize("logging, lines", [(None, ["out1", "out2", "err1"]), ("stdout", ["out1", "out2"]),
+                                            ("stderr", ["err1"]), ("none", [])])
+def test_every_line_goes_to_the_engine_unless_logging_says_otherwise(p, logging, lines):
+    """pulumi-command logs each line of the streams `logging` names (ctx.LogStatus, info) on the resource."""
+    logged = []
+    p.log_status = lambda urn, message: logged.append((urn, message))
+    inputs = {"create": "echo out1; echo out2; echo err1 >&2"}
+    if logging:
+        inputs["logging"] = logging
+    p.create(LOCAL, URN, inputs, preview=False)
+    assert logged == [(URN, line) for line in lines]
+
+
+def test_a_failing_command_logs_its_output_too(p):
+    logged = []
+    p.log_status = lambda urn, message: logged.append(message)
+    with pytest.raises(ProviderError):
+        p.create(LOCAL, URN, {"create": "echo before-failing; exit 4"}, preview=False)
+    assert logged == ["before-failing"]
+
+
+def test_a_local_command_past_its_custom_timeout_is_killed_with_a_bare_message(p, tmp_path):
+    """The engine's deadline (customTimeouts) kills the process: the step fails with Go's `signal: killed`,
+    none of what the command would have said. A probe's own timeout must be shorter to be heard."""
+    p._step.timeout = 0.5
+    try:
+        with pytest.raises(ProviderError) as err:
+            p.create(LOCAL, URN, {"create": "exec sleep 5"}, preview=False)
+        assert str(err.value) == "signal: killed"
+    finally:
+        p._step.timeout = None
+    _, out = p.create(LOCAL, URN, {"create": "echo in-time"}, preview=False)
+    assert out["stdout"] == "in-time"
