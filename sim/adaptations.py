@@ -27,10 +27,10 @@ ADAPTATIONS: list[Adaptation] = [
                "paramiko with the real provider's auth and host-key rules, local.Command, its diff rules)",
                "the Go module proxy refuses github.com/pulumi/pulumi-command/provider (403, every pseudo-version)",
                "sim/providers/command.py"),
-    Adaptation("the command double does not stream a command's stdout/stderr to the engine's log as the real "
-               "provider does (unless `logging: none`): a command's output is seen only in its outputs and, when "
-               "it fails, in the error (its last 4000 characters), so e2e asserts read those",
-               "not implemented yet in the double (issue: provider fidelity)", "sim/providers/command.py"),
+    Adaptation("the command double sends every line of a command's stdout/stderr to the engine as the real "
+               "provider does (an ephemeral info message on the resource, unless `logging` says otherwise), but "
+               "once the command ended (stdout's lines, then stderr's) instead of as they come",
+               "a simpler double: the e2e asserts read the lines, not their timing", "sim/providers/command.py"),
     Adaptation("`pulumi preview`/`up` run __main__.py as an Automation API inline program (the CLI connects "
                "to the test process's language server) instead of through pulumi-language-python; the policy "
                "pack runs as a binary analyzer (`--policy-pack policy/analyzer`), the same pack code",
@@ -141,8 +141,9 @@ ADAPTATIONS: list[Adaptation] = [
                "only needs an address on GLOO_SOCKET_IFNAME; torch's DistBackendError text omits the C++ source "
                "path and line; NCCL_DEBUG_FILE and external net plugins are not modelled",
                "no GPU, no RDMA and no NCCL build for the simulated nodes", "sim/testdouble/nccl.py"),
-    Adaptation("the engine image is loaded into each node's engine by the sim; RemoteImage never pulls, and the "
-               "sim stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",
+    Adaptation("the engine image is loaded into each node's engine by the sim; a RemoteImage or a container "
+               "whose image is missing tries to pull it (as the real provider does) and fails, and the sim "
+               "stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",
                "no registry is reachable; the test machine is not aarch64", "sim/images.py, Pulumi.sim.yaml"),
     Adaptation("nodes run as root", "the simulated nodes are containers with root sshd", "sim/cluster.py"),
     Adaptation("the router in front of sim-x2's groups is the REAL sglang-router 0.3.2 (PyPI wheel), started from "

@@ -15,7 +15,9 @@ provider's semantics as read in its source; anything else fails with a clear err
   ...), others (restart, mustRun, wait, destroyGraceSeconds, memory, ...) update; set-typed inputs
   (envs, labels, mounts, ...) compare without order; a Computed input dropped from the program is no
   change; the Diff asks for delete-before-replace (pulumi-docker sets it for containers). Create = docker
-  create + start (the image must be on the node: no pull), then like the real one reads the container
+  create + start (an image missing on the node is pulled first, as findImage does: here that fails, no
+  registry is reachable, with the real provider's "Unable to create container with image" error), then
+  like the real one reads the container
   back: one that already exited is still created, with `mustRun: false` and `exitCode` in its state.
   Update applies the restart policy / resources (`docker update`) and starts the container when
   `mustRun` goes false -> true; nothing else. Delete stops with `destroyGraceSeconds` (0 when unset,
@@ -122,6 +124,13 @@ class DockerProvider(Provider):
         self.ssh_opts = [str(o) for o in opts]
         if self.host.startswith("ssh://"):
             self._install_ssh_shim()
+        elif self.host.startswith("unix://"):
+            # The bridged provider builds its client and pings a local engine as it is configured, in preview
+            # too (terraform-provider-docker config.go: "Error pinging Docker server"): no engine, no preview.
+            try:
+                docker.DockerClient(base_url=self.host, timeout=10).ping()
+            except docker.errors.DockerException as exc:
+                raise ProviderError(f"Error pinging Docker server: {exc}") from None
 
     def _install_ssh_shim(self) -> None:
         """`ssh` first on PATH = the system ssh with sshOpts (docker-py runs plain `ssh ... dial-stdio`).
@@ -274,13 +283,17 @@ class DockerProvider(Provider):
         kwargs = container_create_kwargs(i)  # input errors before touching the node
         client = self.client()
         with self._on_host(f"creating container {name}"):
+            # findImage (terraform-provider-docker resource_docker_container_funcs.go): the local image, else a
+            # pull; what a pull fails with is the error (here: no registry is reachable, so it always fails)
+            image = i["image"]
             try:
-                client.images.get(i["image"])
+                client.images.get(image)
             except docker.errors.ImageNotFound:
-                raise ProviderError(
-                    f"creating container {name} on {self.host}: image {i['image']} is not on the node "
-                    "(the docker TEST DOUBLE does not pull for a container)"
-                ) from None
+                try:
+                    client.images.pull(image)
+                except docker.errors.DockerException as exc:
+                    raise ProviderError(f"Unable to create container with image {image}: unable to pull image "
+                                        f"{image}: error pulling image {image}: {exc}") from None
             container = client.containers.create(**kwargs)
             try:
                 if i.get("start", True):

@@ -266,6 +266,13 @@ class FakeImages:
             raise docker.errors.ImageNotFound(f"No such image: {name}")
         return type("Img", (), {"id": "sha256:" + "1" * 64, "attrs": {"RepoDigests": []}})()
 
+    def pull(self, name, **kw):
+        self.pulled = [*getattr(self, "pulled", []), name]
+        if name.startswith("pullable/"):
+            self.present.add(name)
+            return self.get(name)
+        raise docker.errors.APIError(f"pull access denied for {name.split(':')[0]}, repository does not exist")
+
 
 class FakeClient:
     def __init__(self, images=("sglang-sim:test-double",), exits_at_once=False):
@@ -298,10 +305,18 @@ def test_create_of_container_that_exits_at_once_succeeds_with_must_run_false():
     assert outputs["mustRun"] is False and outputs["exitCode"] == 3
 
 
-def test_create_without_image_fails_naming_the_host():
+def test_create_without_image_pulls_it_and_fails_as_the_real_one_when_the_pull_fails():
+    """findImage: a missing image is pulled at container create (so a pruned image can come back as whatever
+    its tag is now); a failed pull is the real provider's error."""
+    client = FakeClient(images=())
     with pytest.raises(ProviderError) as err:
-        provider_with(FakeClient(images=())).create(dd.CONTAINER, URN, container_inputs(image="other:1"), False)
-    assert "on ssh://root@spark1" in str(err.value) and "image other:1 is not on the node" in str(err.value)
+        provider_with(client).create(dd.CONTAINER, URN, container_inputs(image="other:1"), False)
+    # the real text (the engine names the resource; the host is its provider's)
+    assert "Unable to create container with image other:1: unable to pull image other:1: error pulling image " \
+           "other:1: pull access denied for other" in str(err.value)
+    assert client.images.pulled == ["other:1"] and not client.containers.created
+    cid, _ = provider_with(client).create(dd.CONTAINER, URN, container_inputs(image="pullable/x:1"), False)
+    assert client.containers.created[-1]["image"] == "pullable/x:1"
 
 
 def test_preview_never_contacts_the_engine():
@@ -385,10 +400,19 @@ def test_configure_ssh_shim_from_json_or_list(monkeypatch):
     assert sum("docker-double-ssh-" in d for d in os.environ["PATH"].split(os.pathsep)) == 1
 
 
-def test_configure_non_ssh_host_has_no_shim():
+def test_configure_non_ssh_host_has_no_shim(monkeypatch):
+    pinged = []
+    monkeypatch.setattr(dd.docker, "DockerClient", lambda **kw: type("C", (), {"ping": lambda self: pinged.append(kw)})())
     p = dd.DockerProvider()
     p.configure({"host": "unix:///var/run/docker.sock"})
     assert p._shim_dir is None and p.ssh_opts == []
+    assert pinged[0]["base_url"] == "unix:///var/run/docker.sock"
+
+
+def test_configure_pings_a_local_engine_and_fails_without_one(tmp_path):
+    """Like the bridged provider: a unix:// engine is pinged when the provider is configured (preview too)."""
+    with pytest.raises(ProviderError, match="Error pinging Docker server: "):
+        dd.DockerProvider().configure({"host": f"unix://{tmp_path}/none.sock"})
 
 
 # ------------------------------------------------------------------------------ Image: Check and context digest
