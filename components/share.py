@@ -49,6 +49,9 @@ class CheckpointShare(pulumi.ComponentResource):
                 create=download.create,
                 stdin=args.hf_token,
                 triggers=list(download.triggers),
+                # The token is on its stdin: none of the download's output goes to the engine's log, so no
+                # tool that echoes it can leak it there (the files' progress: `du -sh` on the node).
+                logging=remote.Logging.NONE,
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(
                     parent=self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -279,6 +280,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 ROUTER_POLICIES = ("round_robin", "cache_aware", "power_of_two", "random")
 LOCAL = "local"  # router.node: the docker engine where Pulumi runs
+LOCAL_DOCKER_SOCKET = "/var/run/docker.sock"  # that engine (pulumi-docker pings it when it configures, preview too)
 
 
 class RouterConfig(_Strict):
@@ -502,6 +504,25 @@ def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]
     return tuple(keys), problems
 
 
+def local_router_problem(sc: StackConfig, socket_path: str | None = None) -> None:
+    """router.node: local needs a docker engine where Pulumi runs, at preview already: pulumi-docker pings a
+    unix:// host when its provider is configured, so without one even `pulumi preview` fails, with a
+    message that does not say why. Say it here, naming the field and both fixes."""
+    import stat
+
+    path = socket_path or LOCAL_DOCKER_SOCKET
+    if sc.router is None or sc.router.node != LOCAL:
+        return
+    try:
+        ok = stat.S_ISSOCK(Path(path).stat().st_mode)
+    except OSError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"router.node: local runs the router on the docker engine where Pulumi runs, and there is "
+                          f"none at {path} (pulumi-docker connects to it at preview too); fix: start docker here "
+                          "(`sudo systemctl start docker`), or put the router on a node: router.node: <a node's name>")
+
+
 def load() -> Settings:
     """Read and validate the stack config. Raises ConfigError before any resource is registered."""
     import pulumi  # imported here so config models stay usable without the Pulumi runtime
@@ -520,6 +541,7 @@ def load() -> Settings:
         problems += [p if entry.name is None else f"[group {entry.name}] {p}" for p in group_problems]
     if problems:
         raise ConfigError("remote commands cannot verify these nodes:\n  " + "\n  ".join(problems))
+    local_router_problem(stack_config)
 
     set_key = f'pulumi config set --secret {PROJECT}:{API_KEY} "$(openssl rand -hex 32)" --stack {stack}'
     key = pulumi.runtime.get_config(f"{PROJECT}:{API_KEY}")

@@ -218,11 +218,29 @@ def test_vllm_groups_behind_the_router_need_an_image_with_it():
     assert json.dumps(rec.outputs["router"]).count("8000") == 1  # the vLLM head's port as the worker
 
 
-def test_a_router_where_pulumi_runs():
+@pytest.fixture
+def local_docker(tmp_path, monkeypatch):
+    """A unix socket standing for the docker engine where Pulumi runs."""
+    import socket
+
+    from declared import config
+
+    path = tmp_path / "docker.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    monkeypatch.setattr(config, "LOCAL_DOCKER_SOCKET", str(path))
+    yield path
+    server.close()
+
+
+def test_a_router_where_pulumi_runs(local_docker):
+    from declared import config
+
     raw = cluster_of("tp4x2")
     raw["router"] = {"node": "local", "address": "192.168.1.20"}
     rec = run_program("tp4x2", cluster=raw)
     assert rec.named("tp4x2-router-docker-local").inputs["host"] == "unix:///var/run/docker.sock"
+    assert config.LOCAL_DOCKER_SOCKET != "/var/run/docker.sock"  # the fixture's: the check read that one
     key_file = rec.named("tp4x2-router-api-key")
     assert key_file.type == LOCAL and reveal(key_file.inputs["stdin"]) == TEST_API_KEY
     assert "/.local/state/deepseek-spark/tp4x2-router/api-key" in key_file.inputs["create"]
@@ -230,6 +248,23 @@ def test_a_router_where_pulumi_runs():
     assert rec.outputs["endpoint"] == "http://192.168.1.20:8889/v1" and rec.outputs["router"]["node"] == "local"
     member = rec.named("tp4x2-a-router-member")
     assert "--router http://192.168.1.20:8889" in member.inputs["create"]
+
+
+def test_a_router_where_pulumi_runs_without_a_docker_engine_there_is_refused_at_preview(tmp_path, monkeypatch):
+    """pulumi-docker pings a unix:// engine when it configures its provider, at preview too: without one
+    the preview fails; the program says why first, naming the field and both fixes."""
+    from declared import config
+
+    monkeypatch.setattr(config, "LOCAL_DOCKER_SOCKET", str(tmp_path / "no-docker.sock"))
+    raw = cluster_of("tp4x2")
+    raw["router"] = {"node": "local"}
+    with pytest.raises(pulumi.RunError, match=r"router.node: local runs the router on the docker engine where "
+                                              r"Pulumi runs, and there is none at .*no-docker.sock") as err:
+        run_program("tp4x2", cluster=raw, preview=True)
+    assert "router.node: <a node's name>" in str(err.value)
+    (tmp_path / "no-docker.sock").write_text("")  # a file there is not an engine either
+    with pytest.raises(pulumi.RunError, match="there is none at"):
+        run_program("tp4x2", cluster=raw, preview=True)
 
 
 def test_a_node_named_local_is_ambiguous_for_the_router():

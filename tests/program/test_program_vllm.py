@@ -113,6 +113,8 @@ def test_hf_token_reaches_the_download_on_stdin_only(rec):
     assert "stdin" not in rec.named("tp2-checkpoint-download-spark1").inputs  # no token configured
     with_token = run_program("tp2", secrets={"hfToken": HF_TOKEN})
     assert with_token.named("tp2-checkpoint-download-spark1").inputs["stdin"] == Secret(HF_TOKEN)
+    # and none of the download's output reaches the engine's log (pulumi-command logs every line otherwise)
+    assert with_token.named("tp2-checkpoint-download-spark1").inputs["logging"] == "none"
     for res in with_token.resources:
         assert not [t for t in plain_strings(res.inputs) if HF_TOKEN in t], res.name
 
