@@ -1,6 +1,6 @@
 """`pulumi preview|up` of a stack, with __main__.py run as an Automation API inline program.
 
-    python -m dspark.inline preview|up --stack sim --work-dir DIR [--diff] [--policy-pack policy]
+    python -m dspark.inline preview|up --stack sim --work-dir DIR [--diff] [--policy-pack policy] [--event-log F]
 
 `dspark demo` and the e2e tier run `preview`/`up` through it; everything else is the plain Pulumi
 CLI. Only the program's execution differs from a user's `pulumi up --stack sim`: the CLI would start pulumi-language-python, which cannot be built
@@ -17,6 +17,8 @@ first would leave the CLI running with the stack locked.
 from __future__ import annotations
 
 import argparse
+import enum
+import json
 import os
 import runpy
 import signal
@@ -48,6 +50,21 @@ def environment(engine: Path, backend: Path, pulumi_home: Path, passphrase: dict
     }
 
 
+def plain(value):
+    """An Automation API event (nested objects) as JSON-able data, every field kept."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if hasattr(value, "__dict__"):
+        return {k: plain(v) for k, v in vars(value).items() if v is not None}
+    return value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("op", choices=["preview", "up"])
@@ -56,6 +73,7 @@ def main() -> int:
     ap.add_argument("--diff", action="store_true")
     ap.add_argument("--policy-pack", action="append", default=[])
     ap.add_argument("--policy-pack-config", action="append", default=[])
+    ap.add_argument("--event-log", help="append the engine's events here, one JSON object per line")
     args = ap.parse_args()
     for sig in (signal.SIGINT, signal.SIGTERM):  # a handler, not SIG_IGN: the CLI must not inherit "ignore"
         signal.signal(sig, lambda *_: print("deepseek-spark: signal received; waiting for the Pulumi CLI to stop",
@@ -77,6 +95,9 @@ def main() -> int:
     common = dict(on_output=lambda line: print(line, end="" if line.endswith("\n") else "\n", flush=True),
                   color="never", policy_packs=args.policy_pack or None, diff=args.diff or None,
                   policy_pack_configs=args.policy_pack_config or None)  # fmt: skip
+    if args.event_log:
+        log = open(args.event_log, "a")
+        common["on_event"] = lambda event: (log.write(json.dumps(plain(event), default=str) + "\n"), log.flush())
     try:
         if args.op == "preview":
             stack.preview(**common)

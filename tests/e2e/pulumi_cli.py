@@ -59,6 +59,10 @@ class Run:
 class PulumiProject:
     def __init__(self, work_dir: Path, stack: str, engine: Path):
         self.work_dir, self.stack, self.engine = work_dir, stack, engine
+        # everything the scenario showed a user: every command's output, and the engine's events of every
+        # preview/up (dspark/inline.py --event-log) and refresh/destroy (the CLI's --event-log)
+        self.transcript: list[str] = []
+        self.event_log = work_dir.parent / "events.jsonl"
         self.env = inline.environment(engine, work_dir.parent / "state", work_dir.parent / "pulumi-home",
                                       {"PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}, sim_plugins=True)
 
@@ -92,12 +96,17 @@ class PulumiProject:
         t0 = time.monotonic()
         proc = subprocess.run(argv, cwd=self.work_dir, env=self.env, input=stdin or "", capture_output=True,
                               text=True, timeout=timeout)  # fmt: skip
+        self.transcript.append(proc.stdout + proc.stderr)
         return Run(label, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0)
+
+    def event_texts(self) -> list[str]:
+        """The event log files of the scenario so far, as text."""
+        return [f.read_text() for f in sorted(self.work_dir.parent.glob("events*.jsonl"))]
 
     def _inline_argv(self, op: str, diff: bool = False, policy_pack: bool = False,
                      policy_config: Path | None = None) -> list[str]:  # fmt: skip
         argv = [sys.executable, str(ROOT / "dspark/inline.py"), op, "--stack", self.stack,
-                "--work-dir", str(self.work_dir)]  # fmt: skip
+                "--work-dir", str(self.work_dir), "--event-log", str(self.event_log)]  # fmt: skip
         argv += ["--policy-pack-config", str(policy_config)] if policy_config else []
         argv += ["--diff"] if diff else []
         argv += ["--policy-pack", POLICY_PACK] if policy_pack else []
@@ -119,11 +128,14 @@ class PulumiProject:
     def up(self, policy_pack: bool = True, diff: bool = False, timeout: float = 900) -> Run:
         return self._inline("up", diff, policy_pack, timeout=timeout)
 
+    def _cli_event_log(self) -> str:
+        return str(self.work_dir.parent / f"events-cli-{len(self.transcript)}.jsonl")
+
     def refresh(self) -> Run:
-        return self.cli("refresh", "--yes", "--diff")
+        return self.cli("refresh", "--yes", "--diff", "--event-log", self._cli_event_log())
 
     def destroy(self) -> Run:
-        return self.cli("destroy", "--yes")
+        return self.cli("destroy", "--yes", "--event-log", self._cli_event_log())
 
     def set_config(self, path: str, value: str) -> None:
         """`pulumi config set --path deepseek-spark:<path> <value>` (a reviewer's one-line change)."""

@@ -413,9 +413,24 @@ def test_a_node_stopped_mid_up_fails_naming_it_then_up_converges(first, project,
 def test_destroy_keeps_the_checkpoint_and_the_shards(first, project):
     shards = shard_mtimes()
     project.timed("sim: destroy", project.destroy()).check()
+    no_secret_in_what_the_scenario_showed(project)
     assert containers_of(STACK) == {}
     for node in NODES:
         assert "sim-checkpoint" not in node_sh(node, "docker volume ls --format '{{.Name}}'")
         assert node_sh(node, "ls /srv/models/DS4.1 | grep -c safetensors").strip() == "4"
     assert node_sh("spark1", "ls /var/lib/deepseek-spark-rotated/sim/ 2>/dev/null | wc -l").strip() == "0"
     assert shard_mtimes() == shards
+
+
+def no_secret_in_what_the_scenario_showed(project) -> None:
+    """Every API key the scenario used (the first and the rotated one) is absent from all it printed and from
+    the engine's event logs, which hold every line the commands wrote (the command plugin streams them, as
+    pulumi-command does): the key reaches nodes on stdin and the probe through its environment only."""
+    events = project.event_texts()
+    streamed = [json.loads(line) for text in events for line in text.splitlines() if '"ephemeral": true' in line]
+    # the logs are not empty: the memory gates' and the probes' lines are there
+    assert any("MiB available, plan needs" in json.dumps(e) for e in streamed), "no command output in the event log"
+    keys = [project.api_key, "sk-e2e-rotated-" + "5" * 24]
+    for key in keys:
+        for where, text in [*(("output", t) for t in project.transcript), *(("event log", t) for t in events)]:
+            assert key not in text and key[7:23] not in text, f"an API key in the scenario's {where}"
