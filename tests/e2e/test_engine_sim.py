@@ -316,8 +316,7 @@ def test_a_node_with_another_image_is_refused_before_any_rank_stops(first, proje
         assert "42" in ask(first.env)
     finally:
         node_sh("spark2", f"docker tag {original} {base} && docker rmi {moved} >/dev/null")
-    timed_up(project, "sim: same image again, up (group restart)")
-    assert "42" in ask(first.env)
+    # the generation bump stays pending: the next test's first `up` restarts the group on the same image again
 
 
 def test_a_pool_below_the_plan_or_memory_held_on_a_node_fails_up_naming_the_figures(first, project):
