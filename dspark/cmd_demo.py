@@ -227,8 +227,9 @@ class Demo:
                 return 1
             # --preserve-config: `stack rm` would delete Pulumi.<stack>.yaml, the checked-in stack file
             self.cli("stack", "rm", "--yes", "--preserve-config", self.stack)
-        self.say(f"deleting the simulated cluster {CLUSTER!r} (images stay cached)")
-        sim_cluster.delete(CLUSTER, log=lambda m: self.out.write(f"    {m}\n"), purge=True)
+        self.say(f"deleting the simulated cluster {CLUSTER!r} (images and the nodes' engines stay cached: "
+                 f"`python -m sim delete --name {CLUSTER} --purge` removes those too)")
+        sim_cluster.delete(CLUSTER, log=lambda m: self.out.write(f"    {m}\n"))
         return 0
 
 
