@@ -34,35 +34,76 @@ def engine() -> Path:
     return found
 
 
+# A module with SHARE_WITH_NEXT = True leaves its cluster and brought-up stack to the next module that sets
+# USES_PREVIOUS_STACK = True with the same STACK and SIM_NODES (test_engine_sim -> test_engine_sim_dspark):
+# one cluster create, first `up` and destroy less. Whatever is left at the end of the session is deleted.
+_SHARED: dict = {}
+
+
 @pytest.fixture(scope="module")
 def sim(request):
-    """A fresh simulated cluster (SIM_NODES of the test module, default 3), deleted afterwards."""
+    """A fresh simulated cluster (SIM_NODES of the test module, default 3), deleted afterwards (or the one
+    the previous module shared with this one)."""
     engine_up = subprocess.run(["docker", "info"], capture_output=True).returncode == 0
     require("docker engine", engine_up, "run `bash .ci/setup` (installs docker.io, starts dockerd, builds the sim images)")
     from sim import cluster as sim_cluster
 
+    nodes = getattr(request.module, "SIM_NODES", 3)
+    shared = _SHARED.pop("sim", None)
+    keep = getattr(request.module, "SHARE_WITH_NEXT", False)
     t0 = time.monotonic()
     try:
-        sim_cluster.delete(CLUSTER, log=lambda m: None)
-        sim_cluster.create(CLUSTER, nodes=getattr(request.module, "SIM_NODES", 3))
-        TIMINGS.setdefault("sim create (images cached)", time.monotonic() - t0)
-        yield sim_cluster.ssh_info(CLUSTER)
+        if shared is not None and shared[0] == nodes and getattr(request.module, "USES_PREVIOUS_STACK", False):
+            info = shared[1]
+        else:
+            _SHARED.clear()
+            sim_cluster.delete(CLUSTER, log=lambda m: None)
+            sim_cluster.create(CLUSTER, nodes=nodes)
+            TIMINGS.setdefault("sim create (images cached)", time.monotonic() - t0)
+            info = sim_cluster.ssh_info(CLUSTER)
+        yield info
     finally:
-        sim_cluster.delete(CLUSTER, log=lambda m: None)
+        if keep:
+            _SHARED["sim"] = (nodes, info)
+        else:
+            sim_cluster.delete(CLUSTER, log=lambda m: None)
 
 
 @pytest.fixture(scope="module")
-def project(sim, engine, tmp_path_factory, request) -> PulumiProject:
+def project(sim, engine, tmp_path_factory, request):
     """The module's STACK as a user sets it up: stack init, a fresh API key and the sim's ssh key as
-    secret config, a local file backend, the passphrase secrets provider."""
+    secret config, a local file backend, the passphrase secrets provider (or the previous module's)."""
     stack = request.module.STACK
-    api_key = "sk-e2e-" + secrets.token_hex(20)
-    p = PulumiProject.create(
-        tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine,
-        secrets={"apiKey": api_key, "sshPrivateKey": Path(sim.private_key).read_text()},
-    )  # fmt: skip
-    p.api_key = api_key
-    return p
+    shared = _SHARED.pop("project", None)
+    if shared is not None and shared.stack == stack and getattr(request.module, "USES_PREVIOUS_STACK", False):
+        p = shared
+    else:
+        api_key = "sk-e2e-" + secrets.token_hex(20)
+        p = PulumiProject.create(
+            tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine,
+            secrets={"apiKey": api_key, "sshPrivateKey": Path(sim.private_key).read_text()},
+        )  # fmt: skip
+        p.api_key = api_key
+    yield p
+    if getattr(request.module, "SHARE_WITH_NEXT", False):
+        _SHARED["project"] = p
+
+
+def pytest_sessionfinish(session):
+    if _SHARED:  # a shared cluster no module took over (e.g. -k ran only the first one)
+        from sim import cluster as sim_cluster
+
+        sim_cluster.delete(CLUSTER, log=lambda m: None)
+        _SHARED.clear()
+
+
+def shard_mtimes(nodes=("spark1", "spark2", "spark3")) -> dict[str, str]:
+    out = {}
+    for node in nodes:
+        for line in node_sh(node, "stat -c '%n %Y.%y' /srv/engram/engram-*.bin").splitlines():
+            name, mtime = line.split(" ", 1)
+            out[f"{node}:{name}"] = mtime
+    return out
 
 
 def node_sh(node: str, cmd: str, check: bool = True) -> str:

@@ -60,7 +60,7 @@ class PulumiProject:
     def __init__(self, work_dir: Path, stack: str, engine: Path):
         self.work_dir, self.stack, self.engine = work_dir, stack, engine
         # everything the scenario showed a user: every command's output, and the engine's events of every
-        # preview/up (dspark/inline.py --event-log) and refresh/destroy (the CLI's --event-log)
+        # preview/up (dspark/inline.py --event-log; this CLI's refresh and destroy take no --event-log)
         self.transcript: list[str] = []
         self.event_log = work_dir.parent / "events.jsonl"
         self.env = inline.environment(engine, work_dir.parent / "state", work_dir.parent / "pulumi-home",
@@ -128,14 +128,11 @@ class PulumiProject:
     def up(self, policy_pack: bool = True, diff: bool = False, timeout: float = 900) -> Run:
         return self._inline("up", diff, policy_pack, timeout=timeout)
 
-    def _cli_event_log(self) -> str:
-        return str(self.work_dir.parent / f"events-cli-{len(self.transcript)}.jsonl")
-
     def refresh(self) -> Run:
-        return self.cli("refresh", "--yes", "--diff", "--event-log", self._cli_event_log())
+        return self.cli("refresh", "--yes", "--diff")
 
     def destroy(self) -> Run:
-        return self.cli("destroy", "--yes", "--event-log", self._cli_event_log())
+        return self.cli("destroy", "--yes")
 
     def set_config(self, path: str, value: str) -> None:
         """`pulumi config set --path deepseek-spark:<path> <value>` (a reviewer's one-line change)."""
