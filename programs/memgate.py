@@ -46,7 +46,10 @@ def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
 
 def drop_caches(run=subprocess.run, euid: int | None = None) -> tuple[bool, str]:
     """sync, then drop the page cache; (done, why not)."""
-    run(["sync"], capture_output=True, text=True, timeout=300)
+    try:
+        run(["sync"], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return False, "sync did not finish within 300 s: dirty pages are still being written, try again later"
     euid = os.geteuid() if euid is None else euid
     argv = DROP if euid == 0 else ["sudo", "-n", *DROP]
     try:

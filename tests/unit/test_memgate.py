@@ -112,3 +112,16 @@ def test_the_sudoers_rule_allows_exactly_the_drop():
 def test_it_reads_this_machines_real_meminfo():
     figures = memgate.meminfo()
     assert figures["MemTotal"] > 0 and 0 < figures["MemAvailable"] <= figures["MemTotal"]
+
+
+def test_a_sync_that_does_not_finish_is_a_clear_refusal_not_a_traceback(node, capsys):
+    state, run, meminfo, proc = node
+
+    def slow(argv, **kw):
+        if argv == ["sync"]:
+            raise subprocess.TimeoutExpired(argv, kw.get("timeout"))
+        return run(argv, **kw)
+
+    assert memgate.main(["--node", "spark2", "--need-mib", "1000"], run=slow, meminfo_path=meminfo, proc=proc,
+                        euid=0) == 1  # fmt: skip
+    assert "sync did not finish within 300 s" in capsys.readouterr().err
