@@ -31,6 +31,12 @@ ADAPTATIONS: list[Adaptation] = [
                "provider does (an ephemeral info message on the resource, unless `logging` says otherwise), but "
                "once the command ended (stdout's lines, then stderr's) instead of as they come",
                "a simpler double: the e2e asserts read the lines, not their timing", "sim/providers/command.py"),
+    Adaptation("customTimeouts: the command double kills a *local* command past its step's deadline (a bare "
+               "`signal: killed`, as pulumi-command does), but lets a remote command run to its end; the docker "
+               "double applies no deadline at all (the bridged provider's 20-minute defaults for containers and "
+               "images are not modelled), so a slow pull or create that would time out for real does not here",
+               "not implemented yet in the doubles (issue: provider fidelity)",
+               "sim/providers/command.py, sim/providers/docker.py"),
     Adaptation("`pulumi preview`/`up` run __main__.py as an Automation API inline program (the CLI connects "
                "to the test process's language server) instead of through pulumi-language-python; the policy "
                "pack runs as a binary analyzer (`--policy-pack policy/analyzer`), the same pack code",
