@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from google.protobuf import empty_pb2, json_format, struct_pb2
+from google.protobuf import any_pb2, empty_pb2, json_format, struct_pb2
+from google.rpc import status_pb2  # googleapis-common-protos, a dependency of pulumi's gRPC stack
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, plugin_pb2, provider_pb2, provider_pb2_grpc
 
@@ -36,6 +37,34 @@ Kind = provider_pb2.PropertyDiff.Kind
 
 class ProviderError(Exception):
     """A failure to report to the engine as the step's error message."""
+
+
+class InitFailed(ProviderError):
+    """A Create/Update that left the resource behind without it working: the engine keeps it in the state,
+    with `reasons` as its init errors, and the step fails. This is the ErrorResourceInitFailed detail of the
+    gRPC status (pulumi sdk proto/pulumi/provider.proto; the engine's plugin.parseError turns it into a
+    StatusPartialFailure), which the Terraform bridge returns for a Create that set an ID and then failed
+    (pulumi-terraform-bridge pkg/tfbridge/provider.go Create: initializationError). On the next `up` the
+    engine sends the resource an Update even when Diff finds no change (deploy/step_generator.go:
+    "resource was unchanged, but there were initialization errors")."""
+
+    def __init__(self, id_: str, properties: dict, reasons: list[str], inputs: dict | None = None):
+        super().__init__("; ".join(reasons))
+        self.id, self.properties, self.reasons, self.inputs = id_, properties, reasons, inputs
+
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"  # where gRPC carries a google.rpc.Status with details
+
+
+def init_failed_status(exc: InitFailed, message: str) -> bytes:
+    """The serialized google.rpc.Status that carries `exc` as an ErrorResourceInitFailed detail (what
+    grpc-go's status.WithDetails sends and rpcerror.Convert reads on the engine's side)."""
+    detail = provider_pb2.ErrorResourceInitFailed(id=exc.id, properties=to_struct(exc.properties), reasons=exc.reasons)
+    if exc.inputs is not None:
+        detail.inputs.CopyFrom(to_struct(exc.inputs))
+    packed = any_pb2.Any()
+    packed.Pack(detail)
+    return status_pb2.Status(code=grpc.StatusCode.UNKNOWN.value[0], message=message, details=[packed]).SerializeToString()
 
 
 def from_struct(s: struct_pb2.Struct | None) -> dict:
@@ -182,6 +211,8 @@ class Provider(provider_pb2_grpc.ResourceProviderServicer):
         message = str(exc) if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, ProviderError):
             traceback.print_exc(file=sys.stderr)
+        if isinstance(exc, InitFailed):
+            context.set_trailing_metadata(((STATUS_DETAILS_KEY, init_failed_status(exc, message)),))
         context.abort(grpc.StatusCode.UNKNOWN, f"{what}: {message}")
 
     def GetPluginInfo(self, request, context):

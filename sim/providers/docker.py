@@ -19,6 +19,9 @@ provider's semantics as read in its source; anything else fails with a clear err
   registry is reachable, with the real provider's "Unable to create container with image" error), then
   like the real one reads the container
   back: one that already exited is still created, with `mustRun: false` and `exitCode` in its state.
+  A start that fails after `docker create` (a missing device, the GPU hook) leaves the container
+  `Created` and hands it to the engine as half-created (ErrorResourceInitFailed, base.InitFailed): it
+  stays in the state with init errors and the next `up`'s empty Update starts nothing, as the bridge's.
   Update applies the restart policy / resources (`docker update`) and starts the container when
   `mustRun` goes false -> true; nothing else. Delete stops with `destroyGraceSeconds` (0 when unset,
   as the real one) and removes it (force, anonymous volumes unless `removeVolumes: false`); a missing
@@ -41,8 +44,7 @@ provider's semantics as read in its source; anything else fails with a clear err
 
 Deliberate limits of the double: no push (`skipPush` must be true) and no `buildOnPreview`; the classic
 builder instead of BuildKit; inputs the program does not use (volumes, uploads, networksAdvanced, ...)
-are rejected at Check; a Create that fails after `docker create` removes the container again (the real
-provider would keep a half-created resource in the state, which this gRPC base cannot express).
+are rejected at Check.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from docker.utils.build import tar as build_tar
 from sim.providers.base import (
     UNKNOWN,
     Provider,
+    InitFailed,
     ProviderError,
     from_struct,
     has_unknown,
@@ -240,8 +243,9 @@ class DockerProvider(Provider):
         self._known(type_)
         if preview:
             return "", inputs  # nothing is created, nothing is contacted at preview
-        return {CONTAINER: self.create_container, VOLUME: self.create_volume, REMOTE_IMAGE: self.ensure_remote_image,
-                IMAGE: self.build_image}[type_](inputs)  # fmt: skip
+        if type_ == CONTAINER:
+            return self.create_container(inputs, urn)
+        return {VOLUME: self.create_volume, REMOTE_IMAGE: self.ensure_remote_image, IMAGE: self.build_image}[type_](inputs)
 
     def read(self, type_: str, urn: str, id_: str, state: dict, inputs: dict) -> tuple[dict, dict] | None:
         self._known(type_)
@@ -277,7 +281,7 @@ class DockerProvider(Provider):
 
     # ------------------------------------------------------------------ Container
 
-    def create_container(self, inputs: dict) -> tuple[str, dict]:
+    def create_container(self, inputs: dict, urn: str = "") -> tuple[str, dict]:
         i = reveal(inputs)
         name = i.get("name", "")
         kwargs = container_create_kwargs(i)  # input errors before touching the node
@@ -295,18 +299,25 @@ class DockerProvider(Provider):
                     raise ProviderError(f"Unable to create container with image {image}: unable to pull image "
                                         f"{image}: error pulling image {image}: {exc}") from None
             container = client.containers.create(**kwargs)
-            try:
-                if i.get("start", True):
-                    container.start()
-                    if i.get("wait", False):
-                        self._wait_healthy(container, int(i.get("waitTimeout", 60)))
+        # From here on the container exists: resourceDockerContainerCreate has called d.SetId (v4.5.0 line 460),
+        # so a failure is a half-created resource the bridge hands back with its ID (InitFailed), not a removal:
+        # the container stays `Created` on the node and in the state, with the planned inputs (mustRun true:
+        # no Read ran), and the next `up` sends it an empty Update that starts nothing (resourceDockerContainerUpdate
+        # starts a container only when mustRun goes false -> true, line 998).
+        try:
+            if i.get("start", True):
+                try:
+                    container.start()  # line 586: "Unable to start container: %s"
+                except docker.errors.APIError as exc:
+                    raise ProviderError(f"Unable to start container: Error response from daemon: "
+                                        f"{exc.explanation or exc}") from None
+                if i.get("wait", False):
+                    self._wait_healthy(container, int(i.get("waitTimeout", 60)))
+            with self._on_host(f"reading container {name}"):
                 container.reload()  # the real Create ends with a Read of the container
-            except Exception:
-                try:  # no half-created resource left behind: base cannot report one to the engine
-                    container.remove(force=True)
-                except docker.errors.DockerException:
-                    pass
-                raise
+        except ProviderError as exc:
+            # pulumi-terraform-bridge's Create: errors.Wrapf(err, "creating %s", urn) over Terraform's diagnostics
+            raise InitFailed(container.id, dict(inputs), [f"creating {urn}: 1 error occurred:\n\t* {exc}"]) from None
         return container.id, {**inputs, **stopped_fields(container.attrs)}
 
     @staticmethod

@@ -11,6 +11,7 @@ import pytest
 from google.protobuf import struct_pb2
 from pulumi.runtime.proto import provider_pb2
 
+from sim.providers import base
 from sim.providers import docker as dd
 from sim.providers.base import SECRET_SIG, SIG_KEY, UNKNOWN, ProviderError, to_struct
 
@@ -221,6 +222,8 @@ class FakeContainer:
 
     def start(self):
         self.calls.append(("start",))
+        if self.client.start_error:
+            raise docker.errors.APIError("500 Server Error", explanation=self.client.start_error)
         self.running = not self.client.exits_at_once
 
     def reload(self):
@@ -275,10 +278,10 @@ class FakeImages:
 
 
 class FakeClient:
-    def __init__(self, images=("sglang-sim:test-double",), exits_at_once=False):
+    def __init__(self, images=("sglang-sim:test-double",), exits_at_once=False, start_error=""):
         self.containers = FakeContainers(self)
         self.images = FakeImages(images)
-        self.exits_at_once = exits_at_once
+        self.exits_at_once, self.start_error = exits_at_once, start_error
 
 
 def provider_with(client):
@@ -317,6 +320,59 @@ def test_create_without_image_pulls_it_and_fails_as_the_real_one_when_the_pull_f
     assert client.images.pulled == ["other:1"] and not client.containers.created
     cid, _ = provider_with(client).create(dd.CONTAINER, URN, container_inputs(image="pullable/x:1"), False)
     assert client.containers.created[-1]["image"] == "pullable/x:1"
+
+
+GPU_HOOK_ERROR = ("failed to create task for container: failed to create shim task: OCI runtime create failed: "
+                  "error running prestart hook #0: exit status 1, stdout: , stderr: nvidia-container-cli: "
+                  "initialization error: nvml error: driver not loaded: unknown")
+
+
+def test_a_start_that_fails_after_create_keeps_the_container_as_half_created_like_the_bridge():
+    """resourceDockerContainerCreate sets the ID before it starts the container: a failed start is a partial
+    state (ErrorResourceInitFailed) with the container still there (`Created`), not a removal."""
+    client = FakeClient(start_error=GPU_HOOK_ERROR)
+    p = provider_with(client)
+    with pytest.raises(base.InitFailed) as err:
+        p.create(dd.CONTAINER, URN, container_inputs(), preview=False)
+    cid = client.containers.created and next(iter(client.containers.items))
+    assert err.value.id == cid and ("remove", True, True) not in client.containers.items[cid].calls
+    assert err.value.properties == container_inputs()  # the planned state: mustRun still true (no Read ran)
+    assert err.value.reasons == [f"creating {URN}: 1 error occurred:\n\t* Unable to start container: "
+                                 f"Error response from daemon: {GPU_HOOK_ERROR}"]
+    # the next `up`: no diff, so the engine sends an empty Update for the init errors; it starts nothing
+    p.update(dd.CONTAINER, URN, cid, container_inputs(), container_inputs(), preview=False)
+    assert client.containers.items[cid].calls == [("start",)]
+    # a refresh reads it not running: mustRun false in state and inputs, which the next `up` diffs
+    state, inputs = p.read(dd.CONTAINER, URN, cid, container_inputs(), container_inputs())
+    assert state["mustRun"] is False and inputs["mustRun"] is False
+
+
+def test_a_half_created_resource_reaches_the_engine_as_an_error_resource_init_failed_detail():
+    """The gRPC status carries google.rpc.Status with the ErrorResourceInitFailed detail the engine parses."""
+    from google.rpc import status_pb2
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        trailing = ()
+
+        def set_trailing_metadata(self, md):
+            self.trailing = md
+
+        def abort(self, code, message):
+            self.code, self.message = code, message
+            raise Aborted
+
+    ctx = Context()
+    with pytest.raises(Aborted):
+        dd.DockerProvider()._fail(ctx, "create", base.InitFailed("cid1", {"name": "r0"}, ["creating u: boom"]))
+    (key, raw), = ctx.trailing
+    status = status_pb2.Status.FromString(raw)
+    detail = provider_pb2.ErrorResourceInitFailed()
+    assert key == "grpc-status-details-bin" and status.details[0].Unpack(detail)
+    assert detail.id == "cid1" and list(detail.reasons) == ["creating u: boom"]
+    assert base.from_struct(detail.properties) == {"name": "r0"} and ctx.message == "create: creating u: boom"
 
 
 def test_preview_never_contacts_the_engine():
