@@ -15,7 +15,7 @@ except config.ConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
 
 errors, warnings = rules.check_stack(settings.config, settings.stack)
-for finding in warnings:
+for finding in [*warnings, *settings.warnings]:
     pulumi.log.warn(str(finding))
 if errors:
     raise pulumi.RunError(

@@ -22,7 +22,9 @@ def connection(node: NodePlan, private_key: Optional[Any]) -> remote.ConnectionA
         private_key=private_key,
         # pulumi-command accepts any host key unless one is pinned: pin the one ssh trusts.
         host_key=node.host_key,
-        dial_error_limit=4,
+        # Enough retries to ride out sshd's MaxStartups drops while many commands dial one node at once.
+        dial_error_limit=node.dial_error_limit,
+        per_dial_timeout=node.per_dial_timeout,
     )
 
 

@@ -9,6 +9,7 @@ each one can be listed, tested and reported with its fix.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,12 +178,26 @@ class ShareConfig(_Strict):
 
 
 class SshConfig(_Strict):
-    """Options for the docker provider, which shells out to the system `ssh` client."""
+    """How Pulumi reaches the nodes: the system `ssh` client (the docker provider, the probes) and
+    pulumi-command's own ssh client (remote commands)."""
 
     identity_file: Printable | None = None
     known_hosts_file: Printable | None = None
     strict_host_key_checking: bool = True
     connect_timeout: int = Field(default=15, ge=1, le=600)
+    # sshd drops new connections past MaxStartups (default 10:30:100) while others still authenticate, and the
+    # docker provider opens one ssh per docker connection without retrying (kreuzwerker/terraform-provider-docker
+    # issue 262): one master connection per node (ControlMaster) carries them all as sessions.
+    connection_reuse: bool = Field(default=True, description="the system ssh client shares one connection per node "
+                                                             "(ControlMaster/ControlPersist)")  # fmt: skip
+    control_path: Printable = Field(default="~/.ssh/dspark-%C", min_length=1, max_length=90,
+                                    description="ssh ControlPath of the shared connections (its directory must exist)")
+    control_persist_seconds: int = Field(default=60, ge=1, le=3600)
+    # pulumi-command's dial: dialErrorLimit+1 attempts, 100 ms between the first two, x1.5 after each, at most 5 s
+    # (about 11 s for 10), each TCP connect bounded by perDialTimeout; every error is retried.
+    dial_error_limit: int = Field(default=10, ge=-1, le=1000, description="remote commands: failed dials before "
+                                                                           "giving up (-1: no limit)")  # fmt: skip
+    per_dial_timeout: int = Field(default=15, ge=0, le=600, description="remote commands: seconds per TCP connect (0: none)")
 
 
 class ReadinessConfig(_Strict):
@@ -474,6 +489,7 @@ class Settings:
     ssh_private_key: Any  # pulumi.Output[str] (secret) or None: ssh-agent is used then
     hf_token: Any = None  # pulumi.Output[str] (secret) or None: for model.source: download
     host_keys: tuple[tuple[str | None, ...], ...] = ()  # per group, per node: pinned for remote commands
+    warnings: tuple[str, ...] = ()  # about where Pulumi runs (not the config): shown at preview
 
 
 def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]]:
@@ -523,6 +539,43 @@ def local_router_problem(sc: StackConfig, socket_path: str | None = None) -> Non
                           "(`sudo systemctl start docker`), or put the router on a node: router.node: <a node's name>")
 
 
+def agent_socket_problem(environ: dict[str, str]) -> str | None:
+    """pulumi-command dials SSH_AUTH_SOCK (when set and non-empty) while it builds every remote command's ssh
+    config, before the node, and fails the command when nothing answers there, even with a private key
+    (remote/connection.go SSHConfig, connection_unix.go). A stale socket (a closed session's agent) would fail
+    every remote command of `up`; say so at preview instead. None when the socket answers or is not set."""
+    import socket
+
+    path = environ.get("SSH_AUTH_SOCK", "")
+    if not path:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(2)
+    try:
+        sock.connect(path)
+        return None
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    finally:
+        sock.close()
+    return (f"SSH_AUTH_SOCK is {path}, and no ssh agent answers there ({why.lower()}): pulumi-command dials it "
+            "before every remote command and fails them all, even with a private key; fix: start the agent again "
+            "(`eval \"$(ssh-agent)\" && ssh-add`), or run Pulumi without it: `env -u SSH_AUTH_SOCK pulumi up`")
+
+
+def control_path_warning(sc: StackConfig) -> str | None:
+    """ssh.connectionReuse needs its ControlPath's directory where Pulumi runs: without it ssh warns and opens
+    a connection per docker call, which sshd's MaxStartups may drop. Only a warning: everything still works."""
+    for entry in sc.groups:
+        ssh = entry.cfg.ssh
+        if ssh.connection_reuse and not Path(ssh.control_path).expanduser().parent.is_dir():
+            where = ssh.control_path.rsplit("/", 1)[0]
+            return (f"cluster.ssh.controlPath = {ssh.control_path!r}: its directory {where} does not exist here, so the "
+                    f"docker provider's ssh opens a new connection per docker call (sshd's MaxStartups may drop some "
+                    f"when many run at once); fix: `mkdir -m 700 -p {where}`, or set ssh.controlPath")
+    return None
+
+
 def load() -> Settings:
     """Read and validate the stack config. Raises ConfigError before any resource is registered."""
     import pulumi  # imported here so config models stay usable without the Pulumi runtime
@@ -562,6 +615,9 @@ def load() -> Settings:
                 f"  pulumi config set --secret {PROJECT}:{name} --stack {stack} {example}"
             )
         optional[name] = pulumi.Output.secret(value) if value else None
+    problem = agent_socket_problem(dict(os.environ))
+    if problem:
+        raise ConfigError(problem)
     return Settings(
         stack=stack,
         config=stack_config,
@@ -569,4 +625,5 @@ def load() -> Settings:
         ssh_private_key=optional[SSH_KEY],
         hf_token=optional[HF_TOKEN],
         host_keys=tuple(keys),
+        warnings=tuple(w for w in [control_path_warning(stack_config)] if w),
     )

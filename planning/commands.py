@@ -358,10 +358,16 @@ def ssh_opts(cfg: ClusterConfig) -> list[str]:
         opts += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
     if ssh.identity_file:
         opts += ["-i", ssh.identity_file]
+    if ssh.connection_reuse:
+        # One master connection per node carries every docker connection and probe as a session: parallel
+        # steps open no new connections for sshd's MaxStartups to drop. Without the ControlPath's directory
+        # ssh warns and connects without a master.
+        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={ssh.control_path}",
+                 "-o", f"ControlPersist={ssh.control_persist_seconds}"]
     return opts
 
 
-def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
+def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hint: str = "") -> str:
     """Local command: wait for rank 0 /health, then one authenticated chat completion, failing at
     once if a rank's container exits meanwhile. `url`: probe that endpoint (the router's) instead,
     without watching ranks."""
@@ -384,6 +390,7 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None) -> str:
             *([f"--engine {cfg.engine}", f"--expect-kv-tokens {plan.expected_kv_tokens(cfg)}",
                f"--min-kv-share {r.min_kv_share:g}", f"--kv-shortfall {r.kv_shortfall}"] if ranks else []),
             *ranks,
+            *([f"--restart-hint {q(restart_hint)}"] if ranks and restart_hint else []),
             *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks else [])),
         ]
     )

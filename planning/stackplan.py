@@ -61,6 +61,8 @@ class NodePlan:
     docker_host: str  # ssh://user@host[:port] for the docker provider
     ssh_opts: tuple[str, ...]  # the system ssh client's options (docker provider, readiness probe)
     host_key: Optional[str]  # pinned for remote commands; None: not verified
+    dial_error_limit: int  # remote commands: failed dials before giving up (ssh.dialErrorLimit)
+    per_dial_timeout: int  # remote commands: seconds per TCP connect (ssh.perDialTimeout)
     preflight: str  # read-only checks (commands.preflight)
     volume_name: str
     volume_options: dict[str, str]  # the checkpoint volume's driver_opts on this node
@@ -106,6 +108,9 @@ class GroupPlan:
     # per rank, on its node once the old group is down: page cache dropped, MemAvailable against the plan
     # (commands.memgate, with programs/memgate.py on stdin); empty with memory.memoryGate off
     memory_gates: tuple[str, ...] = ()
+    # the same, report only (no drop, no verdict): what a gate runs when only its program or connection
+    # changed while the group serves (its ranks hold the memory then; the gate itself runs at the next start)
+    memory_reports: tuple[str, ...] = ()
     memgate_program: str = ""
 
 
@@ -207,6 +212,13 @@ def _shard(cfg: ClusterConfig, stack: str, rank: int) -> Optional[ShardPlan]:
     )
 
 
+def restart_hint(name: str, group: Optional[str]) -> str:
+    """The operator command that starts group `group` (None: the stack's one group) over; `name` is what its
+    resources carry (`<stack>` or `<stack>-<group>`)."""
+    stack = name[: -len(group) - 1] if group else name
+    return f"python -m dspark restart --stack {stack}" + (f" --group {group}" if group else "") + " --yes"
+
+
 def build(
     cfg: ClusterConfig, stack: str, host_keys: tuple[Optional[str], ...] = (), group: Optional[str] = None,
     routed: bool = False,
@@ -229,6 +241,8 @@ def build(
             docker_host=f"ssh://{n.ssh_user}@{n.host}" + ("" if n.ssh_port == 22 else f":{n.ssh_port}"),
             ssh_opts=ssh_opts,
             host_key=host_keys[rank] if rank < len(host_keys) else n.host_key,
+            dial_error_limit=cfg.ssh.dial_error_limit,
+            per_dial_timeout=cfg.ssh.per_dial_timeout,
             preflight=commands.preflight(cfg, stack, rank),
             volume_name=plan.checkpoint_volume_name(stack),
             volume_options=plan.volume_options(cfg, rank),
@@ -264,9 +278,12 @@ def build(
             argcheck_program=ARGCHECK_PROGRAM,
             fabric_gate=commands.fabric_gate(cfg),
             memory_gates=tuple(commands.memgate(cfg, r) for r in range(len(cfg.nodes))) if cfg.memory.memory_gate else (),
+            memory_reports=tuple(commands.memgate(cfg, r, report_only=True) for r in range(len(cfg.nodes)))
+            if cfg.memory.memory_gate else (),
             memgate_program=MEMGATE_PROGRAM,
         ),
-        readiness=ReadinessPlan(commands.readiness(cfg, stack), cfg.readiness.timeout_seconds // 60 + 5),
+        readiness=ReadinessPlan(commands.readiness(cfg, stack, restart_hint=restart_hint(stack, group)),
+                                cfg.readiness.timeout_seconds // 60 + 5),
         memory=memory,
         name=group,
         planes=fabric.summary(cfg, memory.ranks[0].weights_gib),

@@ -292,3 +292,58 @@ def test_boot_output_per_group_from_each_readiness_probe():
     rec = run_program("tp4x2", command_stdout={"tp4x2-a-readiness-check": line})
     assert rec.outputs["boot"] == {"a": {"kvTokens": 6213120, "expectedKvTokens": 5980000, "shortfall": None},
                                    "b": None}
+
+
+def test_a_stale_ssh_agent_socket_is_refused_at_preview_with_both_fixes(tmp_path, monkeypatch):
+    """pulumi-command dials SSH_AUTH_SOCK before every remote command (even with a private key) and fails it
+    when nothing answers: the program says so at preview, before anything touches a node."""
+    import socket
+
+    gone = tmp_path / "agent.gone"
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(gone))
+    with pytest.raises(pulumi.RunError, match=r"SSH_AUTH_SOCK is .*agent.gone, and no ssh agent answers there "
+                                              r"\(no such file or directory\)") as err:
+        run_program("tp4", preview=True)
+    assert "env -u SSH_AUTH_SOCK pulumi up" in str(err.value) and "ssh-agent" in str(err.value)
+    dead = tmp_path / "agent.dead"  # a socket file nobody listens on: refused
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(dead))
+    s.close()
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(dead))
+    with pytest.raises(pulumi.RunError, match=r"\(connection refused\)"):
+        run_program("tp4", preview=True)
+    live = tmp_path / "agent.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(live))
+    server.listen(1)
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(live))
+    try:
+        assert run_program("tp4", preview=True).named("tp4-spark1-preflight")  # an answering agent is fine
+    finally:
+        server.close()
+
+
+def test_remote_commands_ride_out_dial_failures_and_the_docker_ssh_shares_one_connection():
+    """The defaults: pulumi-command's own dial limit (10: ~11 s of retries, enough for sshd's MaxStartups drops)
+    and timeout; one ssh master per node for the docker provider; both configurable."""
+    rec = run_program("tp4")
+    conn = reveal(rec.named("tp4-spark2-preflight").inputs["connection"])
+    assert conn["dialErrorLimit"] == 10 and conn["perDialTimeout"] == 15
+    opts = rec.named("tp4-spark2-docker").inputs["sshOpts"]
+    opts = json.loads(opts) if isinstance(opts, str) else opts
+    assert "ControlMaster=auto" in opts and "ControlPath=~/.ssh/dspark-%C" in opts and "ControlPersist=60" in opts
+    raw = cluster_of("tp4")
+    raw["ssh"] = {"connectionReuse": False, "dialErrorLimit": 30, "perDialTimeout": 5}
+    rec = run_program("tp4", cluster=raw)
+    conn = reveal(rec.named("tp4-spark2-preflight").inputs["connection"])
+    assert conn["dialErrorLimit"] == 30 and conn["perDialTimeout"] == 5
+    assert "ControlMaster=auto" not in str(rec.named("tp4-spark2-docker").inputs["sshOpts"])
+
+
+def test_connection_reuse_without_its_control_path_directory_is_a_warning_naming_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh here
+    rec = run_program("tp4", preview=True)
+    warning = next(w for w in rec.warnings() if "controlPath" in w)
+    assert "its directory ~/.ssh does not exist here" in warning and "mkdir -m 700 -p ~/.ssh" in warning
+    (tmp_path / ".ssh").mkdir()
+    assert not [w for w in run_program("tp4", preview=True).warnings() if "controlPath" in w]
