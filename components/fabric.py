@@ -17,6 +17,8 @@ from pulumi_command import local
 
 from planning import fabric
 
+KEEP_PREVIOUS = 'printf "%s\n" "$PULUMI_COMMAND_STDOUT"'  # an update that re-prints what the last run printed
+
 
 @dataclass(frozen=True)
 class FabricGateArgs:
@@ -34,8 +36,10 @@ class FabricGate(pulumi.ComponentResource):
         self.check = local.Command(
             f"{name}-check",
             create=args.command,
+            # A new gate command alone (no group start) must not load the rails a serving group uses: the update
+            # keeps the last measurement (its previous stdout) and the gate measures at the next start.
+            update=KEEP_PREVIOUS,
             triggers=[args.revision],
-            add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 # Measure only rails that passed preflight (both twins up, GIDs, MTU, peers), and only once the

@@ -161,12 +161,14 @@ def memory_gates(name: str, args: GroupArgs, generation: pulumi.Resource, parent
     MemAvailable against what the memory plan needs there; a shortfall fails `up` naming the node, the
     figures and what holds the memory. Runs at every group start (its trigger is the generation)."""
     gates = []
-    for spec, command in zip(args.group.specs, args.group.memory_gates):
+    for spec, command, report in zip(args.group.specs, args.group.memory_gates, args.group.memory_reports):
         node = args.nodes[spec.rank]
         gates.append(remote.Command(
             f"{name}-rank{spec.rank}-memory",
             connection=node.connection,
             create=command,
+            # A new gate program or connection alone arrives while the group serves: report, never drop or judge.
+            update=report,
             stdin=args.group.memgate_program,
             triggers=[generation.id],
             add_previous_output_in_env=False,

@@ -473,6 +473,8 @@ def test_each_node_has_a_memory_gate_between_the_generation_and_every_rank(rec, 
         assert gate.inputs["stdin"].startswith('"""The memory gate')
         assert f"--node {node['name']} " in gate.inputs["create"] and "--need-mib " in gate.inputs["create"]
         assert "--no-drop" not in gate.inputs["create"]  # memory.dropCaches is on by default
+        # an update (a new gate program or connection, no group start) reports only: the group holds the memory
+        assert gate.inputs["update"] == gate.inputs["create"] + " --report-only"
     for res, _ in ranks(rec):
         assert set(gates) <= set(res.dependencies), res.name
 
