@@ -9,7 +9,7 @@ import time
 from typing import Callable, Optional, Sequence, TextIO
 
 from . import __doc__ as OVERVIEW
-from . import cmd_bench, cmd_demo, cmd_doctor, cmd_logs, cmd_plan, cmd_repair, cmd_smoke, cmd_status
+from . import cmd_bench, cmd_demo, cmd_doctor, cmd_logs, cmd_plan, cmd_repair, cmd_restart, cmd_smoke, cmd_status
 from .nodes import Nodes, Runner, Streamer, valid_since
 from .stack import DsparkError, load
 
@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--yes", action="store_true", help="repair the drift found (default: only report it)")
     sp.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
                     help="run these policy packs, as `pulumi up --policy-pack` (repeatable)")
+    sp = add("restart", cmd_restart, "start a group over as a whole (up with its generation replaced)")
+    sp.add_argument("--yes", action="store_true", help="restart (default: only show what the restart would do)")
+    sp.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
+                    help="run these policy packs, as `pulumi up --policy-pack` (repeatable)")
     return p
 
 
@@ -123,6 +127,8 @@ def main(
             return cmd_plan.run(stack, args.json, out)
         if args.command == "repair":
             return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
+        if args.command == "restart":
+            return cmd_restart.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
         if args.command == "smoke":
             return cmd_smoke.run(stack, args.json, out, timeout=args.timeout)
         if args.command == "bench":

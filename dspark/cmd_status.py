@@ -181,7 +181,12 @@ def verdict_of(stack: Stack, ranks: list[RankStatus], status: Optional[int], err
             extra += ", OOM killed" if c.oom_killed else ""
             extra += f", finished {c.finished_at}" if c.finished_at else ""
             problems.append(f"rank {r.node.rank} ({r.node.container} on {r.node.name}) is {c.state}{extra}")
-    if stopped:
+    if any(r.container.state == "created" for r in stopped):
+        group = f" --group {stack.group}" if stack.group else ""
+        fixes.append(f"a rank left `created` never started (`docker start` it on its node to see why) and a plain `up` "
+                     f"does not start it; once the cause is fixed: `python -m dspark restart --stack {name}{group} --yes` "
+                     "starts the whole group over")  # fmt: skip
+    elif stopped:
         fixes.append(f"run `pulumi up --refresh --stack {name}`: refresh records the stopped or removed rank(s), "
                      "up restarts the whole group (workers first, the head last); a tensor-parallel group "
                      "cannot take one rank back")  # fmt: skip

@@ -158,6 +158,15 @@ def exited_rank(ranks: list[str], ssh_opts: list[str], key: str, run=on_node) ->
     return None
 
 
+def with_hint(down: str | None, hint: str) -> str | None:
+    """A down rank's message, with how to start the group over once its cause is fixed. A plain `up` cannot:
+    a rank left `Created` is in the state with init errors, and the docker provider's update of it starts
+    nothing; the rest of a fail-stop group is no better off running."""
+    if not down or not hint:
+        return down
+    return f"{down}\nonce the cause is fixed, start the whole group over (every rank, the head last): {hint}"
+
+
 BOOT_PREFIX = "deepseek-spark boot: "  # the probe's last line once ready: what rank 0 obtained, as JSON
 BOOT_GREP = r"max_total_num_tokens=|Initialized DSpark draft runner|KV cache size: |Available KV cache memory: "
 
@@ -254,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expect-kv-tokens", type=int, default=0, help="the KV pool the plan expects rank 0 to obtain")
     p.add_argument("--min-kv-share", type=float, default=0.9, help="below this share of it: --kv-shortfall")
     p.add_argument("--kv-shortfall", choices=["fail", "warn"], default="fail")
+    p.add_argument("--restart-hint", default="", help="how to start the group over, said when a rank is down")
     a = p.parse_args(argv)
     key = os.environ.get(a.key_env, "")
     if not key:
@@ -262,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = wait_ready(
         a.url, key, a.model, a.prompt, a.expect, a.timeout, a.interval,
         log=lambda m: print(m, flush=True),
-        ranks_down=lambda: exited_rank(a.rank, a.ssh_opt, key),
+        ranks_down=lambda: with_hint(exited_rank(a.rank, a.ssh_opt, key), a.restart_hint),
         phase=lambda: rank0_phase(a.rank, a.ssh_opt),
     )  # fmt: skip
     if ok and a.engine and a.rank:

@@ -203,6 +203,16 @@ def test_status_finds_a_stopped_rank_down_and_says_how_to_repair(tmp_path):
     assert any("refresh records the stopped" in f for f in doc["fixes"])
 
 
+def test_status_names_a_rank_that_never_started_and_the_restart_that_brings_the_group_back(tmp_path):
+    rev = revision_of("tp3")
+    fake = cluster_for(cfg_of("tp3"), "tp3", rev)
+    fake.nodes["10.0.0.2"].containers["tp3-rank1"].state = state("created", 0)
+    with FakeEndpoint(health=503) as ep:
+        code, out, _ = run(args("status", "tp3", outputs(tmp_path / "o.json", ep.base_url, rev)), runner=fake)
+    assert code == 2 and "rank 1 (tp3-rank1 on spark2) is created" in out
+    assert "python -m dspark restart --stack tp3 --yes" in out and "pulumi up --refresh" not in out
+
+
 def test_status_missing_rank_is_down(tmp_path):
     rev = revision_of("tp3")
     fake = cluster_for(cfg_of("tp3"), "tp3", rev)
@@ -755,3 +765,52 @@ def test_repair_reports_drift_and_repairs_only_with_yes():
     assert code == 0 and "repaired (8 to replace)" in out
     assert calls[-1][0] == "up" and calls[-1][1]["refresh"] is True
     assert all(kw["policy_packs"] == ["policy/analyzer"] for _, kw in calls)
+
+
+# ------------------------------------------------------------------------------------------ restart
+
+
+class FakeRestartStack(FakeAutoStack):
+    def __init__(self, plans, resources, up_changes=None):
+        super().__init__(plans, up_changes)
+        self.resources = resources
+
+    def export_stack(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(deployment={"resources": self.resources})
+
+
+GEN = "urn:pulumi:tp4::deepseek-spark::deepseek-spark:index:Deployment$command:local:Command::tp4-sglang-generation"
+RANK1 = "urn:pulumi:tp4::deepseek-spark::deepseek-spark:index:Deployment$docker:index/container:Container::tp4-sglang-rank1"
+
+
+def restart(plans, resources, yes=True, up_changes=None):
+    from dspark import cmd_restart
+    from dspark.stack import load
+
+    fake = FakeRestartStack(plans, resources, up_changes)
+    out, err = io.StringIO(), io.StringIO()
+    code = cmd_restart.run(load("tp4", ROOT), out, err, yes=yes, select=lambda s: fake)
+    return code, out.getvalue(), fake.calls
+
+
+def test_restart_replaces_the_groups_generation_and_nothing_else():
+    """A rank left `Created` (init errors) gets an update step on every plain `up`, and what the failed `up`
+    never created is a create: neither is a pending config change; the restart is `up --replace <generation>`."""
+    resources = [{"urn": GEN}, {"urn": RANK1, "initErrors": ["creating ...: Unable to start container"]}]
+    code, out, calls = restart([{"same": 40, "update": 1, "create": 2}], resources, up_changes={"replace": 6})
+    assert code == 0 and f"--replace {GEN}" in out and "restarted the serving group (6 to replace)" in out
+    assert calls[-1] == ("up", {"replace": [GEN], "policy_packs": None, "color": "never"})
+    code, out, calls = restart([{"same": 40}, {"same": 34, "replace": 6}], resources, yes=False)
+    assert code == 2 and "would do: 6 to replace" in out and calls[-1][1]["replace"] == [GEN]
+    assert "up" not in [c for c, _ in calls]
+
+
+def test_restart_refuses_a_config_change_nobody_applied_and_a_stack_never_brought_up():
+    from dspark.stack import DsparkError
+
+    code, out, calls = restart([{"same": 40, "update": 2}], [{"urn": GEN}, {"urn": RANK1, "initErrors": ["x"]}])
+    assert code == 4 and "1 to update" in out and [c for c, _ in calls] == ["preview"]
+    with pytest.raises(DsparkError, match="has no generation in the stack's state"):
+        restart([], [{"urn": RANK1}])

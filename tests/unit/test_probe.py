@@ -141,8 +141,25 @@ def test_a_rank_left_created_is_down():
     """pulumi-docker keeps a container whose start failed after `docker create` (ErrorResourceInitFailed): it
     stays `created`, which is down, not a boot still in progress."""
     nodes = FakeNodes({"tp2-rank0": (0, "running 0 false\n"), "tp2-rank1": (0, "created 0 false\n")})
-    assert probe.exited_rank(RANKS, [], KEY, run=nodes).startswith(
-        "rank 1 (tp2-rank1 on zurih@10.0.0.2) was created but never started")
+    down = probe.exited_rank(RANKS, [], KEY, run=nodes)
+    assert down.startswith("rank 1 (tp2-rank1 on zurih@10.0.0.2) was created but never started")
+    # a plain `up` cannot start it (init errors: an empty update): the message says what can
+    hint = "python -m dspark restart --stack tp2 --yes"
+    assert probe.with_hint(down, hint) == (f"{down}\nonce the cause is fixed, start the whole group over (every "
+                                           f"rank, the head last): {hint}")
+    assert probe.with_hint(None, hint) is None and probe.with_hint(down, "") == down
+
+
+def test_the_readiness_command_carries_the_groups_restart_command():
+    from declared.config import parse_stack
+    from harness import cluster_of
+    from planning import stackplan
+
+    sc = parse_stack(cluster_of("tp4x2"))
+    plans = stackplan.build_stack(sc, "tp4x2").groups
+    assert [p.readiness.command.split("--restart-hint ")[1].split(" --ssh-opt")[0] for p in plans] == [
+        "'python -m dspark restart --stack tp4x2 --group a --yes'",
+        "'python -m dspark restart --stack tp4x2 --group b --yes'"]
 
 
 def test_an_exited_rank_is_named_with_exit_code_and_log_tail_key_redacted():
