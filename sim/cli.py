@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("release-memory", help="end what hold-memory started on a node")
     s.add_argument("node", help="spark<i>")
     s.add_argument("--name", default="sim")
+    s = sub.add_parser("gpu-fault", help="a node's GPU prestart hook refuses containers (they stay Created)")
+    s.add_argument("node", help="spark<i>")
+    s.add_argument("--message", default=None, help="what the hook prints (default: a CUDA requirement error)")
+    s.add_argument("--clear", action="store_true", help="the hook is healthy again")
+    s.add_argument("--name", default="sim")
     s = sub.add_parser("meminfo", help="a node's /proc/meminfo (the model's rendering)")
     s.add_argument("node", help="spark<i>")
     s.add_argument("--name", default="sim")
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.hold_memory(a.name, a.node, int(a.gib * 1024), holder=a.holder, log=log)
         elif a.cmd == "release-memory":
             cluster.release_memory(a.name, a.node, log=log)
+        elif a.cmd == "gpu-fault":
+            cluster.gpu_fault(a.name, a.node, None if a.clear else (a.message or cluster.GPU_FAULT_DEFAULT), log=log)
         elif a.cmd == "meminfo":
             print(json.dumps(cluster.meminfo(a.name, a.node), indent=2))
         elif a.cmd == "ssh-config":

@@ -862,6 +862,25 @@ def hold_memory(name: str, node: str, mib: int, holder: str = "sim-memory-hold",
     return pid
 
 
+# What nvidia-container-cli prints when a container's CUDA requirement (the image's NVIDIA_REQUIRE_CUDA) is
+# above what the node's driver supports: nvidia-smi still works, so preflight passes, but the prestart hook
+# refuses and the container never starts (the message of libnvidia-container's requirement check).
+GPU_FAULT_DEFAULT = ("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.1, please update your "
+                     "driver to a newer version, or use an earlier cuda container: unknown")
+
+
+def gpu_fault(name: str, node: str, message: str | None = GPU_FAULT_DEFAULT, log=print) -> None:
+    """Make (or, with `message` None, stop making) the node's GPU prestart hook stand-in refuse every container
+    that asks for GPUs with `message`: `docker start` fails and the container stays `Created`. Until the
+    node's next boot (/run)."""
+    n = _node_by_name(name, node)
+    script = 'printf "%s\\n" "$1" > /run/sim-gpu-fault' if message else "rm -f /run/sim-gpu-fault"
+    r = backend.exec_in(n.container, "sh", "-c", script, "sh", message or "", timeout=30)
+    if r.returncode != 0:
+        raise SimError(f"{n.name}: gpu-fault failed: {(r.stderr or r.stdout).strip()}")
+    log(f"{n.name}: GPU hook {'refuses: ' + message if message else 'healthy'}")
+
+
 def release_memory(name: str, node: str, log=print) -> list[str]:
     n = _node_by_name(name, node)
     r = backend.exec_in(n.container, "/usr/local/sbin/sim-meminfo", "release", timeout=30)
