@@ -19,6 +19,6 @@ API key is never printed: every line read from a node or the endpoint is redacte
 Exit codes: status 0 healthy, 1 degraded, 2 down; doctor 1 when it found something; smoke 1 when a
 request failed or missed the expected answer; bench 1 when llama-benchy failed; repair 0 no drift or
 repaired, 1 failed, 2 drift found without --yes, 4 a config change is pending; restart 0 restarted,
-1 failed, 2 preview only (no --yes), 4 a config change is pending; 3 whenever dspark
+1 failed, 2 preview only (no --yes); 3 whenever dspark
 itself cannot run (arguments, config, outputs). `--group NAME` picks a group of a stack with groups.
 """

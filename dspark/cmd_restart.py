@@ -5,11 +5,11 @@ removed), the others cannot serve either, and a refresh sees only what happens t
 So the way back is the program's own group restart: `up` with the group's generation replaced
 (`pulumi up --replace <its URN>`). Its delete-before-replace takes every rank down in one chain
 (the head first) before the start gates run again and the new ranks start (workers, then the
-head); readiness ends the `up`. Nothing else changes: no config change is applied by a restart
-that the stack file does not already hold (a pending one is refused, as repair does).
+head); readiness ends the `up`. Like `pulumi up`, it applies the stack file as it is: run it from
+the reviewed checkout. (A pending-change guard like repair's cannot work here: the `up` that left a
+rank down also left steps to finish, e.g. the readiness probe's replacement, which a preview shows.)
 
-Without --yes: the preview of that `up` (exit 2). Exit: 0 restarted, 1 failed, 2 preview only,
-4 a config change is pending.
+Without --yes: the preview of that `up` (exit 2). Exit: 0 restarted, 1 failed, 2 preview only.
 """
 
 from __future__ import annotations
@@ -24,18 +24,6 @@ def generation_urns(resources: list[dict], stack: Stack) -> list[str]:
     """The URN of the group generation `stack` names (its group's, or the stack's single group's)."""
     name = f"{stack.plan_name}-{stack.cfg.engine}-generation"
     return [r["urn"] for r in resources if r.get("urn", "").endswith(f"::{name}")]
-
-
-def pending_config(summary: dict, resources: list[dict]) -> dict[str, int]:
-    """What a plain preview plans beyond what a failed `up` left to finish: a resource the state holds with init
-    errors (a container created but never started) gets an update step on every `up` until one succeeds, and
-    resources that were never created are creates; neither is a config change nobody applied."""
-    found = changes(summary)
-    unfinished = sum(1 for r in resources if r.get("initErrors"))
-    if unfinished and "update" in found:
-        found["update"] -= min(unfinished, found["update"])
-    found.pop("create", None)  # the restart creates what a failed `up` did not get to
-    return {op: n for op, n in found.items() if n}
 
 
 def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs: Optional[list[str]] = None,
@@ -54,12 +42,6 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
                           f"(run `pulumi up --stack {stack.name}` first)")  # fmt: skip
     opts = dict(policy_packs=policy_packs or None, color="never")
     try:
-        pending = pending_config(st.preview(**opts).change_summary, resources)
-        if pending:
-            out.write(f"{stack.short}: Pulumi.{stack.short}.yaml plans changes ({_describe(pending)}) that were "
-                      f"never applied; apply them with a reviewed `pulumi up --stack {stack.name}` (it restarts "
-                      "the group if they need it). Nothing touched.\n")  # fmt: skip
-            return 4
         if not yes:
             planned = changes(st.preview(replace=urns, **opts).change_summary)
             out.write(f"{stack.short}: restarting {what} would do: {_describe(planned)}; run again with --yes\n")

@@ -27,16 +27,38 @@ ADAPTATIONS: list[Adaptation] = [
                "paramiko with the real provider's auth and host-key rules, local.Command, its diff rules)",
                "the Go module proxy refuses github.com/pulumi/pulumi-command/provider (403, every pseudo-version)",
                "sim/providers/command.py"),
+    Adaptation("the command double's ssh connection follows pulumi-command 1.2.1 (connection.go: agent socket "
+               "dialled first and fatal, the auth order, every dial failure retried 100 ms x1.5 up to 5 s with "
+               "`Dial n/limit failed: retrying`, `after N failed attempts: ...`, perDialTimeout on the TCP connect "
+               "only) but over paramiko, not x/crypto/ssh: publickey auth is sent signed without x/crypto's unsigned "
+               "query first; the algorithm lists are paramiko's; handshake errors other than EOF, connection reset, "
+               "host key mismatch, `unable to authenticate` and the agent's are in paramiko's words; paramiko's "
+               "banner and key exchange timers are 300 s where x/crypto has none; a host's addresses are tried in "
+               "order under one perDialTimeout (Go splits it); a hostKey pin must be a `<type> <base64>` line; "
+               "connection.proxy is refused, not implemented",
+               "the real provider is Go and cannot be built here; paramiko is the ssh client at hand",
+               "sim/providers/command.py"),
     Adaptation("the command double sends every line of a command's stdout/stderr to the engine as the real "
                "provider does (an ephemeral info message on the resource, unless `logging` says otherwise), but "
                "once the command ended (stdout's lines, then stderr's) instead of as they come",
                "a simpler double: the e2e asserts read the lines, not their timing", "sim/providers/command.py"),
     Adaptation("customTimeouts: the command double kills a *local* command past its step's deadline (a bare "
-               "`signal: killed`, as pulumi-command does), but lets a remote command run to its end; the docker "
+               "`signal: killed`, as pulumi-command does) and ends a remote command's dial retries with `context deadline "
+               "exceeded`, but lets a remote command that started run to its end (the real cancel middleware also "
+               "truncates the timeout to whole seconds); the docker "
                "double applies no deadline at all (the bridged provider's 20-minute defaults for containers and "
                "images are not modelled), so a slow pull or create that would time out for real does not here",
                "not implemented yet in the doubles (issue: provider fidelity)",
                "sim/providers/command.py, sim/providers/docker.py"),
+    Adaptation("the docker double's Read of a running container returns its state unchanged: the real one re-reads "
+               "about 40 fields (ports, network data, resources, ...) and a volume's labels, driver and options, "
+               "and refresh copies them into the inputs, so drift in a replace-forcing field (a volume recreated "
+               "with other options) is repaired for real users and invisible here; detailed diffs are top-level "
+               "keys only (the bridge names nested paths); a half-created container (start failed) carries the "
+               "planned inputs as its partial state, where the bridge's also holds the schema's computed defaults",
+               "not implemented yet in the doubles (issue: provider fidelity); `python -m sim.grpctrace diff` "
+               "against a real plugin's trace shows each difference (README)",
+               "sim/providers/docker.py, sim/providers/base.py"),
     Adaptation("`pulumi preview`/`up` run __main__.py as an Automation API inline program (the CLI connects "
                "to the test process's language server) instead of through pulumi-language-python; the policy "
                "pack runs as a binary analyzer (`--policy-pack policy/analyzer`), the same pack code",
@@ -80,7 +102,8 @@ ADAPTATIONS: list[Adaptation] = [
                "no real checkpoint", "sim/, planning/plan.py PROFILES"),
     Adaptation("nvidia-smi, ethtool, ibdev2netdev, ib_write_bw and /dev/infiniband are stand-ins on each node "
                "(uverbs0/uverbs1/rdma_cm are char devices with /dev/null's numbers); --gpus all is accepted "
-               "through a stand-in nvidia-container-runtime-hook",
+               "through a stand-in nvidia-container-runtime-hook, which refuses with a set fault's text "
+               "(`python -m sim gpu-fault NODE`: a CUDA requirement error) the way the real hook fails a start",
                "no GB10 GPU or ConnectX-7 in a container", "sim/assets/node"),
     Adaptation("the ConnectX-7 twins are veths on two docker bridge networks per cluster (rail A 10.X.1.0/24, "
                "rail B 10.X.2.0/24, MTU 9000, internal) and the 10 GbE NIC a veth on the management network; "

@@ -92,10 +92,11 @@ class PulumiProject:
         full = [*args[:cut], *flags, *args[cut:]]
         return self._run([str(self.engine / "pulumi"), *full], list(args), stdin, timeout)
 
-    def _run(self, argv: list[str], label: list[str], stdin: str | None, timeout: float) -> Run:
+    def _run(self, argv: list[str], label: list[str], stdin: str | None, timeout: float,
+             env: dict[str, str] | None = None) -> Run:  # fmt: skip
         t0 = time.monotonic()
-        proc = subprocess.run(argv, cwd=self.work_dir, env=self.env, input=stdin or "", capture_output=True,
-                              text=True, timeout=timeout)  # fmt: skip
+        proc = subprocess.run(argv, cwd=self.work_dir, env={**self.env, **(env or {})}, input=stdin or "",
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
         self.transcript.append(proc.stdout + proc.stderr)
         return Run(label, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0)
 
@@ -113,9 +114,9 @@ class PulumiProject:
         return argv
 
     def _inline(self, op: str, diff: bool, policy_pack: bool, timeout: float = 900,
-                policy_config: Path | None = None) -> Run:  # fmt: skip
+                policy_config: Path | None = None, env: dict[str, str] | None = None) -> Run:  # fmt: skip
         label = [op] + (["--diff"] if diff else []) + (["--policy-pack", POLICY_PACK] if policy_pack else [])
-        return self._run(self._inline_argv(op, diff, policy_pack, policy_config), label, None, timeout)
+        return self._run(self._inline_argv(op, diff, policy_pack, policy_config), label, None, timeout, env)
 
     def up_in_background(self) -> subprocess.Popen:
         """`up` left running (to break a node under it); read its output with communicate()."""
@@ -125,8 +126,10 @@ class PulumiProject:
     def preview(self, diff: bool = True, policy_pack: bool = True, policy_config: Path | None = None) -> Run:
         return self._inline("preview", diff, policy_pack, policy_config=policy_config)
 
-    def up(self, policy_pack: bool = True, diff: bool = False, timeout: float = 900) -> Run:
-        return self._inline("up", diff, policy_pack, timeout=timeout)
+    def up(self, policy_pack: bool = True, diff: bool = False, timeout: float = 900, grpc_log: Path | None = None) -> Run:
+        """`up`; with `grpc_log`, the CLI records its gRPC traffic there (PULUMI_DEBUG_GRPC: secrets in plain text)."""
+        env = {"PULUMI_DEBUG_GRPC": str(grpc_log)} if grpc_log else None
+        return self._inline("up", diff, policy_pack, timeout=timeout, env=env)
 
     def refresh(self) -> Run:
         return self.cli("refresh", "--yes", "--diff")

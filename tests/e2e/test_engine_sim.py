@@ -13,6 +13,7 @@ Orders are read from the nodes' docker event timestamps, never from the engine's
 
 import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import openai
@@ -27,6 +28,7 @@ from e2e.timings import TIMINGS
 from planning import plan
 from programs import bootlog
 from sim import cluster as sim_cluster
+from sim import grpctrace
 from sim import images as sim_images
 
 pytestmark = pytest.mark.e2e
@@ -133,7 +135,12 @@ def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_st
     assert '"4" => "3"' in preview.text
     assert "engram" not in "".join(line for line in preview.text.splitlines() if line.lstrip().startswith("+-"))
     caches = compile_caches()
-    run, events = timed_up(project, "sim: serving change, up to answer")
+    grpc_log = project.work_dir.parent / "grpc-serving-change.jsonl"  # secrets in plain text: never kept
+    t0 = time.time()
+    project.timed("sim: serving change, up to answer", project.up(grpc_log=grpc_log)).check()
+    events = container_events(t0 - 1, time.time() + 1)
+    check_provider_trace(grpctrace.reduce(grpctrace.load(grpc_log)), project.work_dir.parent / "trace-serving-change.json")
+    grpc_log.unlink()
     assert_group_restarted_head_first(events, before_ranks)
     assert shard_mtimes() == before_shards
     assert "42" in ask(first.env)
@@ -142,6 +149,21 @@ def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_st
     for name, node in zip(RANKS, NODES):
         assert "compile cache: reusing /root/.cache/flashinfer/dspark-sim-autotune.json" in node_sh(
             node, f"docker logs {name} 2>&1")
+
+
+def check_provider_trace(trace: dict, keep: Path) -> None:
+    """The provider calls of the serving change, reduced (sim/grpctrace.py: keys and decisions, no values), as
+    the README's comparison with the real plugins reads them; kept as `keep` for that comparison."""
+    text = json.dumps(trace, indent=1, sort_keys=True) + "\n"
+    assert "sk-e2e" not in text and '"value"' not in text  # no value, so no secret
+    keep.write_text(text)
+    for rank in RANKS:  # each rank: diffed (a replace, delete first), deleted, then created
+        calls = [c["method"] for c in trace[rank.replace("sim-", "sim-sglang-")]["calls"] if c["method"] != "Check"]
+        assert calls[:1] == ["Diff"] and calls[-2:] == ["Delete", "Create"], (rank, calls)
+        diff = next(c for c in trace[rank.replace("sim-", "sim-sglang-")]["calls"] if c["method"] == "Diff")
+        assert diff["replaces"] and diff["deleteBeforeReplace"], diff
+    generation = next(c for c in trace["sim-sglang-generation"]["calls"] if c["method"] == "Diff")
+    assert generation["replaces"] == ["triggers"], generation
 
 
 def compile_caches() -> dict[str, str]:

@@ -5,7 +5,8 @@ up -> status healthy, plan matches what runs, smoke answers, doctor finds nothin
 files -> a rank stopped:
 status says down and how to repair, doctor and logs name it -> the repair it suggests
 (`pulumi refresh` + `up`) makes status healthy again -> `dspark repair` (the timer's command) repairs a
-stopped rank by itself and refuses a config change nobody applied -> destroy keeps the checkpoint, the
+stopped rank by itself and refuses a config change nobody applied -> a rank that never starts (the GPU
+hook refuses it) is down at once and `dspark restart` starts the whole group over -> destroy keeps the checkpoint, the
 shards and the compile caches, and no API key was in any output or event log of the whole scenario.
 """
 
@@ -14,13 +15,16 @@ import time
 
 import pytest
 
-from e2e.conftest import containers_of, dspark, node_sh, shard_mtimes
+from e2e.conftest import (
+    CLUSTER, container_events, containers_of, dspark, first_event, node_sh, shard_mtimes,
+)  # fmt: skip
 from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
 STACK = "sim"
 USES_PREVIOUS_STACK = True  # test_engine_sim's cluster and stack, when it ran just before
 NODES = ("spark1", "spark2", "spark3")
+RANKS = ("sim-rank0", "sim-rank1", "sim-rank2")
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +122,43 @@ def test_repair_puts_back_drift_and_refuses_a_change_nobody_applied(up, project)
     code, out = dspark(project, "repair", "--yes", *pack)
     assert code == 4 and "never applied" in out, out
     assert containers_of(STACK) == running
+
+
+def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_whole_group_back(up, project):
+    """spark2's GPU hook refuses containers (the image wants a newer CUDA than the driver: nvidia-smi works, so
+    preflight passes) as a serving change restarts the group. pulumi-docker keeps the rank it could create but not start (`Created`, init errors); a
+    plain `up` sends it an empty update that starts nothing, and readiness says at once that it never started
+    and how to start over; with the hook fixed, `dspark restart` replaces every rank, the head last."""
+    from sim import cluster as sim_cluster
+
+    before = containers_of(STACK)
+    project.set_config("cluster.serving.maxRunningRequests", "6")  # a serving change: the group restarts
+    sim_cluster.gpu_fault(CLUSTER, "spark2", log=lambda m: None)
+    try:
+        run = project.up()
+        assert run.code != 0 and "Unable to start container" in run.text, run.text[-3000:]
+        assert "unsatisfied condition: cuda>=13.1" in run.text
+        assert node_sh("spark2", "docker inspect -f '{{.State.Status}}' sim-rank1").strip() == "created"
+        code, out = dspark(project, "status")
+        assert code == 2 and "rank 1" in out, out
+        t0 = time.monotonic()
+        run = project.up()
+        TIMINGS["up with a rank left Created, to its failure"] = time.monotonic() - t0
+        assert run.code != 0 and "rank 1 (sim-rank1 on root@172.30.99.12) was created but never started" in run.text
+        assert f"python -m dspark restart --stack {STACK} --yes" in run.text
+        assert node_sh("spark2", "docker inspect -f '{{.State.Status}}' sim-rank1").strip() == "created"
+    finally:
+        sim_cluster.gpu_fault(CLUSTER, "spark2", None, log=lambda m: None)
+    t0 = time.time()
+    code, out = dspark(project, "restart", "--yes")
+    TIMINGS["dspark restart (a rank never started), to ready"] = time.time() - t0
+    assert code == 0 and "restarted the serving group" in out, out
+    events = container_events(t0 - 1, time.time() + 1)
+    starts = {n: first_event(events, "start", n).t for n in RANKS}
+    assert set(starts) == set(RANKS) and max(starts, key=starts.get) == "sim-rank0", "every rank, the head last"
+    assert not set(containers_of(STACK).values()) & set(before.values())
+    code, out = dspark(project, "status", "--json")
+    assert code == 0 and json.loads(out)["verdict"] == "healthy", out
 
 
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):
