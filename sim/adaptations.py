@@ -45,20 +45,19 @@ ADAPTATIONS: list[Adaptation] = [
     Adaptation("customTimeouts: the command double kills a *local* command past its step's deadline (a bare "
                "`signal: killed`, as pulumi-command does) and ends a remote command's dial retries with `context deadline "
                "exceeded`, but lets a remote command that started run to its end (the real cancel middleware also "
-               "truncates the timeout to whole seconds); the docker "
-               "double applies no deadline at all (the bridged provider's 20-minute defaults for containers and "
-               "images are not modelled), so a slow pull or create that would time out for real does not here",
-               "not implemented yet in the doubles (issue: provider fidelity)",
-               "sim/providers/command.py, sim/providers/docker.py"),
-    Adaptation("the docker double's Read of a running container returns its state unchanged: the real one re-reads "
-               "about 40 fields (ports, network data, resources, ...) and a volume's labels, driver and options, "
-               "and refresh copies them into the inputs, so drift in a replace-forcing field (a volume recreated "
-               "with other options) is repaired for real users and invisible here; detailed diffs are top-level "
-               "keys only (the bridge names nested paths); a half-created container (start failed) carries the "
-               "planned inputs as its partial state, where the bridge's also holds the schema's computed defaults",
-               "not implemented yet in the doubles (issue: provider fidelity); `python -m sim.grpctrace diff` "
-               "against a real plugin's trace shows each difference (README)",
-               "sim/providers/docker.py, sim/providers/base.py"),
+               "truncates the timeout to whole seconds)",
+               "a remote command runs in a paramiko session the double does not tear down mid-command",
+               "sim/providers/command.py"),
+    Adaptation("the docker double's Read re-reads from `docker inspect` only the container fields this program sets "
+               "(name, image, command, entrypoints, restart, networkMode, ipcMode, memory, mounts, capabilities, "
+               "ulimits, devices, gpus) and a few computed ones (shmSize, logDriver, privileged); the real Read sets "
+               "about 40 (hostname, dns, healthcheck, ports, network data, ...). Detailed diffs are top-level keys "
+               "only (the bridge names nested paths); a half-created container (start failed) carries the planned "
+               "inputs as its partial state, where the bridge's also holds the schema's computed defaults; a step "
+               "past its deadline (customTimeouts, else the bridged 20 minutes for containers and images) fails with "
+               "`context deadline exceeded` but the docker call is left to finish instead of being cancelled",
+               "a smaller double; `python -m sim.grpctrace diff` against a real plugin's trace shows each difference "
+               "(README)", "sim/providers/docker.py, sim/providers/docker_schema.py, sim/providers/base.py"),
     Adaptation("`pulumi preview`/`up` run __main__.py as an Automation API inline program (the CLI connects "
                "to the test process's language server) instead of through pulumi-language-python; the policy "
                "pack runs as a binary analyzer (`--policy-pack policy/analyzer`), the same pack code",

@@ -25,10 +25,14 @@ provider's semantics as read in its source; anything else fails with a clear err
   Update applies the restart policy / resources (`docker update`) and starts the container when
   `mustRun` goes false -> true; nothing else. Delete stops with `destroyGraceSeconds` (0 when unset,
   as the real one) and removes it (force, anonymous volumes unless `removeVolumes: false`); a missing
-  container is fine. Read: gone -> dropped; stopped -> `mustRun: false` (+ `exitCode`) in state and
-  inputs, as the real provider reports it; running -> unchanged (the real one re-reads more fields).
+  container is fine. Read (refresh): gone -> dropped; otherwise the fields the real Read re-reads from
+  `docker inspect` (name, image, command, entrypoints, restart, networkMode, ipcMode, memory, mounts,
+  capabilities, and ulimits/devices/gpus when configured; never envs or labels) go into the state and,
+  for the keys the inputs have, into the inputs, as the bridge extracts them; stopped -> `mustRun: false`
+  (+ `exitCode`) too. A field that does not round-trip therefore shows as a diff after a refresh.
 - `docker:index/volume:Volume`: name, driver, driverOpts, labels replace; create/remove (retrying
-  "in use" for 30 s like the real one; missing is fine); Read: gone if missing.
+  "in use" for 30 s like the real one; missing is fine); Read: gone if missing, else name, driver,
+  driverOpts, labels and mountpoint as the node has them (a volume recreated with other options is a diff).
 - `docker:index/remoteImage:RemoteImage`: name, platform, triggers, pullTriggers replace; Create/Update
   ensure the image is on the node (pull when missing); outputs `imageId`, `repoDigest`; id = imageId +
   name; Delete removes it unless `keepLocally`; Read: gone if missing.
@@ -82,8 +86,12 @@ from sim.providers.base import (
 from .docker_schema import (
     CONTAINER_SUPPORTED, CONTAINER_UPDATABLE, IMAGE_BUILD_SUPPORTED, IMAGE_SUPPORTED, REMOTE_IMAGE_SUPPORTED,
     VOLUME_SUPPORTED, container_create_kwargs, container_update_kwargs, context_digest, diff_container, diff_image,
-    diff_remote_image, diff_volume, host_platform, ignore_patterns, labels_map, repo_digest, stopped_fields,
+    diff_remote_image, diff_volume, host_platform, ignore_patterns, labels_map, read_back_container,
+    read_back_volume, refreshed_inputs, repo_digest, stopped_fields,
 )  # fmt: skip
+
+# The Terraform resources' default CRUD timeouts (seconds), applied when the engine sends none (no customTimeouts).
+BRIDGED_DEFAULT_TIMEOUTS = {"docker:index/container:Container": 20 * 60, "docker:index/remoteImage:RemoteImage": 20 * 60}
 
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
@@ -239,13 +247,40 @@ class DockerProvider(Provider):
             self._fail(context, f"diff {request.urn}", exc)
         return d.response()
 
+    def _within_deadline(self, type_: str, fn):
+        """Run `fn` under the step's deadline: the engine's customTimeouts, else the Terraform resource's default
+        (20 minutes for docker_container and docker_image: resource_docker_container.go 12-14,
+        resource_docker_image.go 10-12; none for a volume), as the SDK's context.WithTimeout around each CRUD
+        call. Past it the step fails with the docker client's `context deadline exceeded` (the double cannot
+        cancel the docker call itself: it is left to finish, where the real client's request is cancelled)."""
+        timeout = self.step_timeout() or BRIDGED_DEFAULT_TIMEOUTS.get(type_)
+        if timeout is None:
+            return fn()
+        done: dict = {}
+
+        def work():
+            try:
+                done["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the step
+                done["error"] = exc
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise ProviderError(f"context deadline exceeded (the step's {timeout:g} s)")
+        if "error" in done:
+            raise done["error"]
+        return done["value"]
+
     def create(self, type_: str, urn: str, inputs: dict, preview: bool) -> tuple[str, dict]:
         self._known(type_)
         if preview:
             return "", inputs  # nothing is created, nothing is contacted at preview
         if type_ == CONTAINER:
-            return self.create_container(inputs, urn)
-        return {VOLUME: self.create_volume, REMOTE_IMAGE: self.ensure_remote_image, IMAGE: self.build_image}[type_](inputs)
+            return self._within_deadline(type_, lambda: self.create_container(inputs, urn))
+        create = {VOLUME: self.create_volume, REMOTE_IMAGE: self.ensure_remote_image, IMAGE: self.build_image}[type_]
+        return self._within_deadline(type_, lambda: create(inputs))
 
     def read(self, type_: str, urn: str, id_: str, state: dict, inputs: dict) -> tuple[dict, dict] | None:
         self._known(type_)
@@ -262,9 +297,9 @@ class DockerProvider(Provider):
         if preview:
             return news
         if type_ == CONTAINER:
-            return self.update_container(id_, olds, news)
+            return self._within_deadline(type_, lambda: self.update_container(id_, olds, news))
         if type_ == REMOTE_IMAGE:
-            return self.ensure_remote_image(news)[1]
+            return self._within_deadline(type_, lambda: self.ensure_remote_image(news)[1])
         if type_ == IMAGE:
             return self.build_image(news)[1]  # any change to an Image rebuilds it
         return news  # a Volume has nothing to update in place (cluster volumes aside)
@@ -272,7 +307,7 @@ class DockerProvider(Provider):
     def delete(self, type_: str, urn: str, id_: str, state: dict) -> None:
         self._known(type_)
         if type_ == CONTAINER:
-            self.delete_container(id_, state)
+            self._within_deadline(type_, lambda: self.delete_container(id_, state))
         elif type_ == VOLUME:
             self.delete_volume(id_, state)
         elif type_ == REMOTE_IMAGE:
@@ -343,12 +378,11 @@ class DockerProvider(Provider):
                 container = client.containers.get(id_)
             except docker.errors.NotFound:
                 return None
-        stopped = stopped_fields(container.attrs)
-        if not stopped:
-            return state, inputs
-        # The bridge's Read returns inputs taken from the refreshed state: mustRun=false there too.
-        new_inputs = {**inputs, "mustRun": False} if "mustRun" in inputs else inputs
-        return {**state, **stopped}, new_inputs
+        # resourceDockerContainerRead re-reads the container's fields (read_back_container) and, when it is not
+        # running, its exit code and mustRun=false; the bridge's Read returns inputs taken from that state.
+        read = {**read_back_container(container.attrs, inputs), **stopped_fields(container.attrs)}
+        new_inputs = refreshed_inputs(inputs, {k: v for k, v in read.items() if k != "exitCode"})
+        return {**state, **read}, new_inputs
 
     def update_container(self, id_: str, olds: dict, news: dict) -> dict:
         o, n = reveal(olds), reveal(news)
@@ -407,7 +441,8 @@ class DockerProvider(Provider):
                 volume = client.volumes.get(id_)
             except docker.errors.NotFound:
                 return None
-        return {**state, "mountpoint": volume.attrs.get("Mountpoint", "")}, inputs
+        read = read_back_volume(volume.attrs)  # resourceDockerVolumeRead (resource_docker_volume.go 308-312)
+        return {**state, **read}, refreshed_inputs(inputs, {k: v for k, v in read.items() if k != "mountpoint"})
 
     def delete_volume(self, id_: str, state: dict) -> None:
         client = self.client()

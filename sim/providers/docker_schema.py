@@ -421,3 +421,101 @@ def host_platform() -> str:
     """The default build platform pulumi-docker puts in Check: linux/<GOARCH of the plugin's machine>."""
     machine = platform.machine().lower()
     return "linux/" + {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm"}.get(machine, machine)
+
+
+# ---------------------------------------------------------------------------------------- read (refresh)
+
+
+def _mb(value: int | None) -> int:
+    """Bytes as the schema's MB figure (integer division, as Go's /1024/1024); 0 and -1 (unlimited) as they are."""
+    value = int(value or 0)
+    return value // (1024 * 1024) if value > 0 else value
+
+
+def read_back_container(attrs: dict, inputs: dict) -> dict:
+    """What resourceDockerContainerRead (terraform-provider-docker v4.5.0, resource_docker_container_funcs.go
+    827-985) writes into the state from `docker inspect` of a container, for the fields this program sets, in
+    pulumi-docker's property names. Envs and labels are deliberately not read (the real Read leaves them: they
+    merge with the image's, lines 890-895); devices, ulimits and gpus only when configured (lines 884, 898, 919);
+    capabilities only when the container has some (line 869)."""
+    config, host = attrs.get("Config") or {}, attrs.get("HostConfig") or {}
+    i = reveal(inputs)
+    out: dict[str, Any] = {
+        "name": str(attrs.get("Name", "")).lstrip("/"),
+        # line 840: Config.Image unless the program gave an image ID
+        "image": attrs.get("Image", "") if str(i.get("image", "")).startswith("sha256:") else config.get("Image", ""),
+        "command": config.get("Cmd") or [],
+        "entrypoints": config.get("Entrypoint") or [],
+        "restart": (host.get("RestartPolicy") or {}).get("Name", ""),
+        "maxRetryCount": (host.get("RestartPolicy") or {}).get("MaximumRetryCount", 0),
+        "networkMode": host.get("NetworkMode", ""),
+        "ipcMode": host.get("IpcMode", ""),
+        "privileged": bool(host.get("Privileged")),
+        "memory": _mb(host.get("Memory")),
+        "memorySwap": _mb(host.get("MemorySwap")),
+        "shmSize": _mb(host.get("ShmSize")),
+        "logDriver": (host.get("LogConfig") or {}).get("Type", ""),
+        "mounts": [
+            {"target": m.get("Target", ""), "source": m.get("Source", ""), "type": m.get("Type", ""),
+             "readOnly": bool(m.get("ReadOnly")),
+             **({"bindOptions": {"propagation": (m.get("BindOptions") or {}).get("Propagation", "")}}
+                if m.get("BindOptions") is not None else {}),
+             **({"volumeOptions": {"noCopy": bool((m.get("VolumeOptions") or {}).get("NoCopy")),
+                                   "labels": [{"label": k, "volume": v} for k, v in
+                                              ((m.get("VolumeOptions") or {}).get("Labels") or {}).items()]}}
+                if m.get("VolumeOptions") is not None else {})}
+            for m in host.get("Mounts") or []
+        ],  # fmt: skip
+    }
+    if host.get("CapAdd") or host.get("CapDrop"):
+        out["capabilities"] = {"adds": host.get("CapAdd") or [], "drops": host.get("CapDrop") or []}
+    if i.get("ulimits"):
+        out["ulimits"] = [{"name": u.get("Name"), "soft": u.get("Soft"), "hard": u.get("Hard")}
+                          for u in host.get("Ulimits") or []]  # fmt: skip
+    if i.get("devices"):
+        configured = {d.get("hostPath") for d in i["devices"] if d.get("hostPath") and d.get("containerPath")}
+        out["devices"] = [{"hostPath": d.get("PathOnHost", ""), "permissions": d.get("CgroupPermissions", ""),
+                           **({"containerPath": d.get("PathInContainer", "")} if d.get("PathOnHost") in configured else {})}
+                          for d in host.get("Devices") or []]  # fmt: skip
+    if i.get("gpus"):
+        gpus = gpus_from_device_requests(host.get("DeviceRequests") or [])
+        if gpus is not None:  # a request the attribute cannot express: the configured value stays (line 923)
+            out["gpus"] = gpus
+    return out
+
+
+def gpus_from_device_requests(requests: list[dict]) -> str | None:
+    """flattenGPUsFromDeviceRequests (resource_docker_container_funcs.go 720): "all", "device=IDs", "" or None."""
+    if not requests:
+        return ""
+    if len(requests) != 1:
+        return None
+    r = requests[0]
+    if r.get("DeviceIDs"):
+        return "device=" + ",".join(r["DeviceIDs"])
+    if r.get("Count") != -1:
+        return None
+    if any(str(c).lower() == "gpu" for caps in r.get("Capabilities") or [] for c in caps or []):
+        return "all"
+    return None
+
+
+def read_back_volume(attrs: dict) -> dict:
+    """resourceDockerVolumeRead: name, labels, driver, driver_opts and mountpoint from `docker volume inspect`."""
+    return {
+        "name": attrs.get("Name", ""),
+        "driver": attrs.get("Driver", ""),
+        "driverOpts": attrs.get("Options") or {},
+        "labels": [{"label": k, "value": v} for k, v in sorted((attrs.get("Labels") or {}).items())],
+        "mountpoint": attrs.get("Mountpoint", ""),
+    }
+
+
+def refreshed_inputs(inputs: dict, read: dict) -> dict:
+    """The bridge's Read returns inputs extracted from the refreshed state for the keys the old inputs have
+    (pulumi-terraform-bridge ExtractInputsFromOutputs): an input that drifted reads back as what the node has."""
+    out = dict(inputs)
+    for key, value in read.items():
+        if key in inputs and reveal(inputs[key]) != value:
+            out[key] = value
+    return out

@@ -12,6 +12,7 @@ Orders are read from the nodes' docker event timestamps, never from the engine's
 """
 
 import json
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -151,12 +152,21 @@ def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_st
             node, f"docker logs {name} 2>&1")
 
 
+GOLDEN = Path(__file__).parent / "golden" / "serving-change.json"
+
+
 def check_provider_trace(trace: dict, keep: Path) -> None:
     """The provider calls of the serving change, reduced (sim/grpctrace.py: keys and decisions, no values), as
-    the README's comparison with the real plugins reads them; kept as `keep` for that comparison."""
+    the README's comparison with the real plugins reads them: kept as `keep`, and equal to the golden trace
+    (DSPARK_UPDATE_GOLDEN=1 rewrites it after a deliberate change; review its diff)."""
     text = json.dumps(trace, indent=1, sort_keys=True) + "\n"
     assert "sk-e2e" not in text and '"value"' not in text  # no value, so no secret
     keep.write_text(text)
+    if os.environ.get("DSPARK_UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    lines = grpctrace.diff(json.loads(GOLDEN.read_text()), trace)
+    assert not lines, "the providers decided otherwise than tests/e2e/golden/serving-change.json:\n" + "\n".join(lines[:30])
     for rank in RANKS:  # each rank: diffed (a replace, delete first), deleted, then created
         calls = [c["method"] for c in trace[rank.replace("sim-", "sim-sglang-")]["calls"] if c["method"] != "Check"]
         assert calls[:1] == ["Diff"] and calls[-2:] == ["Delete", "Create"], (rank, calls)

@@ -61,6 +61,45 @@ def test_docker_dial_stdio_with_ssh_opts(sim_cluster):
         assert r.stdout.rstrip().endswith(b"OK")
 
 
+def _burst(argv: list[str], n: int) -> list[subprocess.CompletedProcess]:
+    """`n` copies of `argv` started at once (as the engine's parallel steps open connections to one node)."""
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    return [subprocess.CompletedProcess(argv, p.wait(timeout=120), *p.communicate()) for p in procs]
+
+
+def test_sshd_drops_a_burst_past_max_startups_and_the_programs_shared_connection_rides_it_out(sim_cluster):
+    """The nodes run sshd's default MaxStartups (10:30:100): 40 connections at once, some dropped
+    (`kex_exchange_identification`). The program's system-ssh options (commands.ssh_opts: ControlMaster, one
+    connection per node) carry the same burst of docker calls once the master is up, sessions past MaxSessions
+    (10) falling back to their own connections."""
+    from declared.config import parse_cluster
+    from harness import cluster_of
+    from planning import commands
+
+    import shutil
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="cm", dir="/tmp"))  # a socket path stays under 104 bytes
+    n = sim_cluster.nodes[1]
+    base = ["ssh", "-F", "/dev/null", *sim_cluster.ssh.ssh_opts(), "-o", "BatchMode=yes"]
+    plain = _burst([*base, f"root@{n.ip}", "sleep 1; docker version --format ok"], 40)
+    dropped = [r for r in plain if r.returncode != 0]
+    assert dropped and all("kex_exchange_identification" in r.stderr or "Connection reset" in r.stderr
+                           or "Connection closed" in r.stderr for r in dropped), [r.stderr for r in dropped][:3]
+    raw = cluster_of("sim")
+    raw["ssh"] = {**raw.get("ssh", {}), "controlPath": str(tmp_path / "cm-%C")}
+    opts = [o for o in commands.ssh_opts(parse_cluster(raw)) if "ControlPersist" in o or "Control" in o]
+    shared = [*base, "-o", "ControlMaster=auto", "-o", f"ControlPath={tmp_path}/cm-%C", "-o", "ControlPersist=30"]
+    assert opts == ["ControlMaster=auto", f"ControlPath={tmp_path}/cm-%C", "ControlPersist=60"]
+    assert subprocess.run([*shared, f"root@{n.ip}", "true"], timeout=60).returncode == 0  # the master
+    try:
+        mux = _burst([*shared, f"root@{n.ip}", "docker version --format ok"], 10)
+        assert [r.returncode for r in mux] == [0] * 10, [r.stderr for r in mux if r.returncode][:3]
+    finally:
+        subprocess.run([*shared, "-O", "exit", f"root@{n.ip}"], capture_output=True, timeout=30)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def test_docker_cli_over_ssh_with_path_wrapper(sim_cluster, tmp_path):
     """docker CLI `-H ssh://` runs plain `ssh`: an ssh wrapper first on PATH adds `-F <sim ssh_config>`."""
     wrapper = tmp_path / "bin" / "ssh"

@@ -13,6 +13,7 @@ from pulumi.runtime.proto import provider_pb2
 
 from sim.providers import base
 from sim.providers import docker as dd
+from sim.providers.docker_schema import _normalized_container as normalized_container
 from sim.providers.base import SECRET_SIG, SIG_KEY, UNKNOWN, ProviderError, to_struct
 
 URN = "urn:pulumi:sim::deepseek-spark::deepseek-spark:index:SglangGroup$docker:index/container:Container::rank0"
@@ -216,9 +217,11 @@ class FakeContainer:
         self.running, self.exit_code = running, exit_code
         self.calls = []
 
+    inspect: dict = {}
+
     @property
     def attrs(self):
-        return {"Id": self.id, "State": {"Running": self.running, "ExitCode": self.exit_code}}
+        return {**self.inspect, "Id": self.id, "State": {"Running": self.running, "ExitCode": self.exit_code}}
 
     def start(self):
         self.calls.append(("start",))
@@ -383,18 +386,74 @@ def test_preview_never_contacts_the_engine():
         assert p.update(kind, URN, "id", inputs, inputs, preview=True) == inputs
 
 
+# `docker inspect` of container_inputs()'s container, in the fields moby reports (docker 26, the sim's nodes)
+INSPECT = {
+    "Name": "/dspark-sim-rank0", "Image": "sha256:" + "1" * 64,
+    "Config": {"Image": "sglang-sim:test-double", "Cmd": ["serve"], "Entrypoint": ["/bin/sh", "-c"],
+               "Env": ["A=1", "B=2", "PATH=/usr/bin"], "Labels": {"deepseek-spark.rank": "0", "from-image": "x"}},
+    "HostConfig": {
+        "RestartPolicy": {"Name": "no", "MaximumRetryCount": 0}, "NetworkMode": "host", "IpcMode": "host",
+        "Privileged": False, "Memory": 0, "MemorySwap": 0, "ShmSize": 67108864, "LogConfig": {"Type": "json-file"},
+        "CapAdd": ["IPC_LOCK", "SYS_PTRACE"], "CapDrop": None,
+        "Ulimits": [{"Name": "memlock", "Soft": -1, "Hard": -1}, {"Name": "nofile", "Soft": 1048576, "Hard": 1048576}],
+        "Devices": [{"PathOnHost": "/dev/infiniband", "PathInContainer": "/dev/infiniband", "CgroupPermissions": "rwm"}],
+        "DeviceRequests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}],
+        "Mounts": [{"Type": "volume", "Source": "ckpt", "Target": "/model", "ReadOnly": True},
+                   {"Type": "bind", "Source": "/var/lib/key", "Target": "/key", "ReadOnly": True}],
+    },
+}  # fmt: skip
+
+
 def test_read_container_running_gone_stopped():
     client = FakeClient()
     p = provider_with(client)
     c = FakeContainer(client, "abc", "dspark-sim-rank0", running=True)
+    c.inspect = INSPECT
     client.containers.items["abc"] = c
     state, inputs = container_inputs(), container_inputs()
-    assert p.read(dd.CONTAINER, URN, "abc", state, inputs) == (state, inputs)
+    new_state, new_inputs = p.read(dd.CONTAINER, URN, "abc", state, inputs)
+    assert normalized_container(new_inputs) == normalized_container(inputs), "a refresh changes no input"
+    assert new_state["shmSize"] == 64 and new_state["logDriver"] == "json-file"  # computed, read into the state
+    assert not dd.diff_container(new_inputs, container_inputs(), []).changed
     c.running, c.exit_code = False, 137
     new_state, new_inputs = p.read(dd.CONTAINER, URN, "abc", state, inputs)
     assert new_state["mustRun"] is False and new_state["exitCode"] == 137
     assert new_inputs["mustRun"] is False
     assert p.read(dd.CONTAINER, URN, "gone", state, inputs) is None
+
+
+def test_refresh_reads_drift_back_into_the_inputs_so_up_repairs_it():
+    """resourceDockerContainerRead re-reads the fields, the bridge extracts the inputs from them: a memory limit
+    changed on the node is an in-place update at the next `up`, a mount changed underneath a replacement;
+    envs and labels are never read (they merge with the image's)."""
+    client = FakeClient()
+    p = provider_with(client)
+    c = FakeContainer(client, "abc", "dspark-sim-rank0", running=True)
+    c.inspect = {**INSPECT, "HostConfig": {**INSPECT["HostConfig"], "Memory": 256 * 1024 * 1024,
+                                           "MemorySwap": 1024 * 1024 * 1024,
+                                           "Mounts": INSPECT["HostConfig"]["Mounts"][:1]}}  # fmt: skip
+    client.containers.items["abc"] = c
+    program = container_inputs(memory=1024, memorySwap=1024)
+    _, refreshed = p.read(dd.CONTAINER, URN, "abc", program, program)
+    assert refreshed["memory"] == 256 and len(refreshed["mounts"]) == 1
+    assert refreshed["envs"] == ["A=1", "B=2"] and refreshed["labels"] == container_inputs()["labels"]
+    d = dd.diff_container(refreshed, program, [])
+    assert sorted(d.changed) == ["memory", "mounts"] and d.replaces == ["mounts"]
+
+
+def test_refresh_of_a_volume_recreated_with_other_options_is_a_replacement():
+    client = FakeClient()
+    client.volumes = type("Volumes", (), {"get": lambda self, vid: type("V", (), {"attrs": {
+        "Name": "ckpt", "Driver": "local", "Options": {"type": "nfs", "o": "addr=10.0.0.1,ro"},
+        "Labels": {"deepseek-spark.stack": "sim"}, "Mountpoint": "/var/lib/docker/volumes/ckpt/_data"}})()})()
+    p = provider_with(client)
+    inputs = {"name": "ckpt", "driver": "local", "driverOpts": {"type": "nfs", "o": "addr=10.0.0.1,ro,nconnect=8"},
+              "labels": [{"label": "deepseek-spark.stack", "value": "sim"}]}
+    state, refreshed = p.read(dd.VOLUME, URN, "ckpt", inputs, inputs)
+    assert state["mountpoint"].endswith("/ckpt/_data") and refreshed["driverOpts"]["o"] == "addr=10.0.0.1,ro"
+    assert dd.diff_volume(refreshed, inputs, []).replaces == ["driverOpts"]
+    same = dict(refreshed)
+    assert p.read(dd.VOLUME, URN, "ckpt", same, same)[1] == same
 
 
 def test_update_applies_restart_and_starts_only_when_must_run_goes_true():
@@ -544,3 +603,29 @@ def test_check_image_errors(project):
 def test_struct_round_trip_of_checked_image(project):
     checked = dd.DockerProvider(cwd=project).check(dd.IMAGE, {}, image_inputs())
     assert isinstance(to_struct(checked), struct_pb2.Struct)
+
+
+def test_a_step_past_its_deadline_fails_with_context_deadline_exceeded_and_the_bridged_defaults_apply():
+    """customTimeouts (the engine's `timeout`) bound a Container's or RemoteImage's Create/Update/Delete; without
+    them the Terraform resources' 20-minute defaults do; a Volume has none."""
+    import time
+
+    client = FakeClient()
+    p = provider_with(client)
+    slow = client.containers.create
+
+    def create_slowly(**kw):
+        time.sleep(1.5)
+        return slow(**kw)
+
+    client.containers.create = create_slowly
+    p._step.timeout = 0.3  # what Provider._start_step takes from the request
+    try:
+        with pytest.raises(ProviderError, match=r"context deadline exceeded \(the step's 0.3 s\)"):
+            p.create(dd.CONTAINER, URN, container_inputs(), preview=False)
+        p._step.timeout = None
+        assert dd.BRIDGED_DEFAULT_TIMEOUTS == {dd.CONTAINER: 1200, dd.REMOTE_IMAGE: 1200}
+        cid, _ = p.create(dd.CONTAINER, URN, container_inputs(), preview=False)  # well within 20 minutes
+        assert cid in client.containers.items
+    finally:
+        p._step.timeout = None
