@@ -51,8 +51,10 @@ ADAPTATIONS: list[Adaptation] = [
     Adaptation("the docker double's Read re-reads from `docker inspect` only the container fields this program sets "
                "(name, image, command, entrypoints, restart, networkMode, ipcMode, memory, mounts, capabilities, "
                "ulimits, devices, gpus) and a few computed ones (shmSize, logDriver, privileged); the real Read sets "
-               "about 40 (hostname, dns, healthcheck, ports, network data, ...). Detailed diffs are top-level keys "
-               "only (the bridge names nested paths); a half-created container (start failed) carries the planned "
+               "about 40 (hostname, dns, healthcheck, ports, network data, ...). Detailed diffs name nested paths as "
+               "the bridge's MakeDetailedDiffV2 does, but set elements are matched by their JSON, not TF's set "
+               "hash, the diff is of inputs, not of TF's planned state, and replacement is decided by the "
+               "top-level key, not the schema at each path; a half-created container (start failed) carries the planned "
                "inputs as its partial state, where the bridge's also holds the schema's computed defaults; a step "
                "past its deadline (customTimeouts, else the bridged 20 minutes for containers and images) fails with "
                "`context deadline exceeded` but the docker call is left to finish instead of being cancelled",

@@ -113,10 +113,14 @@ class Diff:
     delete_before_replace: bool = False
     added: set[str] = field(default_factory=set)
     removed: set[str] = field(default_factory=set)
+    # {property path: kind name}, e.g. {"labels[2].value": "UPDATE_REPLACE"}; None: one entry per changed key
+    detailed: dict[str, str] | None = None
 
     def response(self) -> provider_pb2.DiffResponse:
         detailed = {}
-        for key in self.changed:
+        for path, kind in (self.detailed or {}).items():
+            detailed[path] = provider_pb2.PropertyDiff(kind=Kind.Value(kind), inputDiff=False)
+        for key in self.changed if self.detailed is None else []:
             replace = key in self.replaces
             if key in self.added:
                 kind = Kind.ADD_REPLACE if replace else Kind.ADD

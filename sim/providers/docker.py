@@ -14,7 +14,9 @@ provider's semantics as read in its source; anything else fails with a clear err
   command, entrypoints, envs, labels, mounts, devices, ulimits, capabilities, networkMode, ipcMode, gpus,
   ...), others (restart, mustRun, wait, destroyGraceSeconds, memory, ...) update; set-typed inputs
   (envs, labels, mounts, ...) compare without order; a Computed input dropped from the program is no
-  change; the Diff asks for delete-before-replace (pulumi-docker sets it for containers). Create = docker
+  change; the Diff asks for delete-before-replace (pulumi-docker sets it for containers), and its
+  detailed diff names nested paths (`labels[2].value`, `command[3]`) as the bridge's MakeDetailedDiffV2
+  (sim/providers/detailed_diff.py); so do the Volume's and RemoteImage's. Create = docker
   create + start (an image missing on the node is pulled first, as findImage does: here that fails, no
   registry is reachable, with the real provider's "Unable to create container with image" error), then
   like the real one reads the container

@@ -18,6 +18,7 @@ from docker.types import DeviceRequest, DriverConfig, Healthcheck, LogConfig, Mo
 from docker.utils.build import PatternMatcher
 
 from sim.providers.base import Diff, ProviderError, diff_inputs, reveal
+from sim.providers.detailed_diff import detailed_diff
 
 # ---------------------------------------------------------------------------------------- schema
 # Container fields, Terraform name -> Pulumi name (lists pluralised), from resource_docker_container.go.
@@ -106,6 +107,17 @@ def _normalized_container(inputs: dict) -> dict:
     return out
 
 
+# The shapes of the container's collection properties, for the bridge's detailed diff (lists keep order).
+CONTAINER_SHAPES = {**{k: "set" for k in CONTAINER_SETS}, "command": "list", "entrypoints": "list", "tmpfs": "map",
+                    "sysctls": "map", "logOpts": "map", "storageOpts": "map", "capabilities": "object"}  # fmt: skip
+
+
+def _bridged(d: Diff, o: dict, n: dict, force_new: frozenset, shapes: dict) -> Diff:
+    """`d` with the bridge's detailed diff (MakeDetailedDiffV2: nested paths) of the keys it found changed."""
+    d.detailed = detailed_diff({k: o.get(k) for k in d.changed}, {k: n.get(k) for k in d.changed}, shapes, force_new)
+    return d
+
+
 def diff_container(olds: dict, news: dict, ignore: list[str]) -> Diff:
     o, n = _normalized_container(olds), _normalized_container(news)
     for key in CONTAINER_COMPUTED:
@@ -113,7 +125,7 @@ def diff_container(olds: dict, news: dict, ignore: list[str]) -> Diff:
             n[key] = o[key]  # Optional+Computed: not set = keep what is there
     d = diff_inputs(o, n, set(CONTAINER_FORCE_NEW), ignore)
     d.delete_before_replace = True  # pulumi-docker's resources.go: DeleteBeforeReplace for docker_container
-    return d
+    return _bridged(d, o, n, CONTAINER_FORCE_NEW, CONTAINER_SHAPES)
 
 
 def diff_volume(olds: dict, news: dict, ignore: list[str]) -> Diff:
@@ -121,14 +133,16 @@ def diff_volume(olds: dict, news: dict, ignore: list[str]) -> Diff:
     for key in ("name", "driver"):  # Optional+Computed
         if key in o and key not in n:
             n[key] = o[key]
-    return diff_inputs(o, n, set(VOLUME_FORCE_NEW), ignore)
+    d = diff_inputs(o, n, set(VOLUME_FORCE_NEW), ignore)
+    return _bridged(d, o, n, VOLUME_FORCE_NEW, {"labels": "set", "driverOpts": "map"})
 
 
 def diff_remote_image(olds: dict, news: dict, ignore: list[str]) -> Diff:
     defaults = {"platform": ""}
     sets = frozenset({"pullTriggers"})
-    return diff_inputs(_normalized(olds, defaults, sets), _normalized(news, defaults, sets),
-                       set(REMOTE_IMAGE_FORCE_NEW), ignore)  # fmt: skip
+    o, n = _normalized(olds, defaults, sets), _normalized(news, defaults, sets)
+    d = diff_inputs(o, n, set(REMOTE_IMAGE_FORCE_NEW), ignore)
+    return _bridged(d, o, n, REMOTE_IMAGE_FORCE_NEW, {"pullTriggers": "set", "triggers": "map"})
 
 
 def diff_image(olds: dict, news: dict, ignore: list[str]) -> Diff:

@@ -56,7 +56,19 @@ def test_changed_label_replaces_delete_before_replace():
     assert d.changed == ["labels"] and d.replaces == ["labels"]
     resp = d.response()
     assert resp.deleteBeforeReplace is True
-    assert resp.detailedDiff["labels"].kind == provider_pb2.PropertyDiff.UPDATE_REPLACE
+    # the bridge's detailed diff (MakeDetailedDiffV2): set elements matched by identity, compared at their index
+    kinds = {k: provider_pb2.PropertyDiff.Kind.Name(v.kind) for k, v in resp.detailedDiff.items()}
+    assert kinds == {"labels[0].value": "UPDATE_REPLACE", "labels[1]": "DELETE_REPLACE"}
+
+
+def test_detailed_diffs_name_list_indices_and_map_keys_like_the_bridge():
+    d = dd.diff_container(container_inputs(command=["serve", "--tp", "3"]),
+                          container_inputs(command=["serve", "--tp", "4", "--x"], memory=100), [])  # fmt: skip
+    assert d.detailed == {"command[2]": "UPDATE_REPLACE", "command[3]": "ADD_REPLACE", "memory": "ADD"}
+    v = dd.diff_volume({"name": "v", "driverOpts": {"type": "nfs", "o": "ro"}},
+                       {"name": "v", "driverOpts": {"type": "nfs", "o": "ro,nconnect=8"}}, [])  # fmt: skip
+    assert v.detailed == {"driverOpts.o": "UPDATE_REPLACE"}
+    assert dd.diff_container(container_inputs(), container_inputs(), []).detailed == {}
 
 
 @pytest.mark.parametrize(
