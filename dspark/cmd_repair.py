@@ -34,6 +34,15 @@ def _describe(found: dict[str, int]) -> str:
     return ", ".join(f"{n} to {op}" for op, n in sorted(found.items()))
 
 
+def failure_tail(exc: Exception, lines: int = 20) -> str:
+    """The last lines of a failed Automation API command (the CLI's own error is at the end)."""
+    return "\n".join(str(exc).strip().splitlines()[-lines:])
+
+
+def select_failure(stack: Stack, exc: Exception) -> DsparkError:
+    return DsparkError(f"cannot select stack {stack.name}: {failure_tail(exc, 1)}")
+
+
 def workspace_stack(stack: Stack):
     """The stack through the Automation API, with __main__.py of the project as an inline program."""
     from pulumi import automation as auto
@@ -57,7 +66,7 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
     try:
         st = select(stack)
     except auto.CommandError as exc:
-        raise DsparkError(f"cannot select stack {stack.name}: {str(exc).strip().splitlines()[-1]}") from None
+        raise select_failure(stack, exc) from None
     opts = dict(policy_packs=policy_packs or None, color="never")
     try:
         pending = changes(st.preview(**opts).change_summary)
@@ -76,8 +85,7 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
         out.write(f"{stack.short}: drift found ({_describe(drift)}); repairing with `up --refresh`\n")
         result = st.up(refresh=True, **opts)
     except auto.CommandError as exc:
-        tail = "\n".join(str(exc).strip().splitlines()[-20:])
-        err.write(f"{stack.short}: repair failed:\n{tail}\n")
+        err.write(f"{stack.short}: repair failed:\n{failure_tail(exc)}\n")
         return 1
     done = changes(result.summary.resource_changes or {})
     out.write(f"{stack.short}: repaired ({_describe(done) or 'nothing changed'})\n")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, TextIO
 
-from .cmd_repair import _describe, changes, workspace_stack
+from .cmd_repair import _describe, changes, failure_tail, select_failure, workspace_stack
 from .stack import DsparkError, Stack
 
 
@@ -34,7 +34,7 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
         st = select(stack)
         resources = st.export_stack().deployment.get("resources") or []
     except auto.CommandError as exc:
-        raise DsparkError(f"cannot select stack {stack.name}: {str(exc).strip().splitlines()[-1]}") from None
+        raise select_failure(stack, exc) from None
     urns = generation_urns(resources, stack)
     what = f"group {stack.group}" if stack.group else "the serving group"
     if not urns:
@@ -49,8 +49,7 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
         out.write(f"{stack.short}: restarting {what} (`pulumi up --replace {urns[0]}`)\n")
         result = st.up(replace=urns, **opts)
     except auto.CommandError as exc:
-        tail = "\n".join(str(exc).strip().splitlines()[-20:])
-        err.write(f"{stack.short}: restart failed:\n{tail}\n")
+        err.write(f"{stack.short}: restart failed:\n{failure_tail(exc)}\n")
         return 1
     out.write(f"{stack.short}: restarted {what} ({_describe(changes(result.summary.resource_changes or {}))})\n")
     return 0

@@ -56,6 +56,15 @@ def test_update_runs_update_or_create_again_with_the_previous_output(p):
     assert p.update(LOCAL, URN, "id", out, quiet, preview=False)["stdout"] == "[]"
 
 
+def test_the_fabric_gates_update_keeps_the_last_measurement(p):
+    """components/fabric.py KEEP_PREVIOUS: a new gate command alone re-prints the last figures, measuring nothing."""
+    from components.fabric import KEEP_PREVIOUS
+
+    _, out = p.create(LOCAL, URN, {"create": "echo 'pair spark1-spark2: 187 Gb/s'"}, preview=False)
+    new = p.update(LOCAL, URN, "id", out, {"create": "exit 1", "update": KEEP_PREVIOUS}, preview=False)
+    assert new["stdout"] == "pair spark1-spark2: 187 Gb/s"
+
+
 def test_delete_runs_the_old_delete_and_a_failure_names_the_command_like_the_real_one(p, tmp_path):
     p.delete(LOCAL, URN, "id", {"create": "true", "delete": f"touch {tmp_path}/deleted", "stdout": ""})
     assert (tmp_path / "deleted").exists()
