@@ -27,6 +27,6 @@ for group in plan.groups:
     pulumi.log.info(where + group.memory.summary())
     pulumi.log.info(where + group.planes)
 
-outputs = deployment.deploy(plan, settings.api_key, settings.ssh_private_key, settings.hf_token)
+outputs = deployment.deploy(plan, settings.api_key, settings.ssh_private_key, settings.hf_token, settings.member_keys)
 for name, value in outputs.items():
     pulumi.export(name, value)

@@ -13,6 +13,7 @@ from planning import monitoring
 from planning.clientconfig import client_config
 
 from .cluster import DeepSeekCluster, DeepSeekClusterArgs
+from .gateway import Gateway, GatewayArgs
 from .readiness import Readiness, ReadinessArgs
 from .router import Router, RouterArgs
 from planning.stackplan import ClusterPlan, StackPlan
@@ -30,7 +31,9 @@ def group_output(sp: StackPlan) -> dict[str, Any]:
     }
 
 
-def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token: Any = None) -> dict[str, Any]:
+def deploy(
+    cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token: Any = None, member_keys: Any = None
+) -> dict[str, Any]:
     """Register every resource of the stack; returns the stack outputs by name."""
     router = Router(f"{cp.stack}-router", RouterArgs(cp.router, api_key, ssh_private_key)) if cp.router else None
     clusters: list[DeepSeekCluster] = []
@@ -59,9 +62,46 @@ def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token:
 
     if router is None:
         outputs["client_config"] = clusters[0].client_config
-        return outputs
-    members = [c.member for c in clusters if c.member is not None]
-    ready = Readiness(f"{cp.stack}-router-readiness", ReadinessArgs(cp.router.readiness, api_key, members))
+        upstream = [clusters[0].readiness.check]
+    else:
+        members = [c.member for c in clusters if c.member is not None]
+        ready = Readiness(f"{cp.stack}-router-readiness", ReadinessArgs(cp.router.readiness, api_key, members))
+        _router_outputs(cp, outputs, ready, api_key)
+        upstream = [ready.check]
+    if cp.gateway is not None:
+        _gateway_outputs(cp, outputs, Gateway(f"{cp.stack}-gateway", GatewayArgs(
+            cp.gateway, api_key, upstream, dict(member_keys or {}), ssh_private_key)))  # fmt: skip
+    return outputs
+
+
+def _gateway_outputs(cp: ClusterPlan, outputs: dict[str, Any], gw: Gateway) -> None:
+    """With a gateway, clients get its endpoint: `client_config` is the admin's (operator tools), each member
+    has their own in `member_configs`; the internal key stays in `api_key` for the operator alone."""
+    gp = cp.gateway
+    outputs["gateway"] = {
+        "node": gp.node.name,
+        "endpoint": gp.endpoint,
+        "container": gp.gateway.name,
+        "database": gp.database.name,
+        "volume": gp.volume,
+        "upstream": gp.upstream,
+        "members": [m.name for m in gp.members],
+        "admin_key": gw.admin_key,
+        "metrics_key": gw.metrics_key,
+    }
+    ready = gw.readiness.ready
+    outputs["client_config"] = pulumi.Output.secret(
+        pulumi.Output.all(ready, gw.admin_key).apply(lambda v: client_config(gp.endpoint, cp.model, v[1]))
+    )
+    names = list(gw.member_keys)
+    outputs["member_configs"] = pulumi.Output.secret(
+        pulumi.Output.all(ready, *(gw.member_keys[n] for n in names)).apply(
+            lambda v: {n: client_config(gp.endpoint, cp.model, k) for n, k in zip(names, v[1:])}
+        )
+    )
+
+
+def _router_outputs(cp: ClusterPlan, outputs: dict[str, Any], ready: Readiness, api_key: Any) -> None:
     outputs["router"] = {
         "node": cp.router.node.name if cp.router.node else "local",
         "group": cp.router.group,
@@ -71,6 +111,5 @@ def deploy(cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token:
     }
     # Resolves once an answer came back through the router: only ever handed out for a working endpoint.
     outputs["client_config"] = pulumi.Output.secret(
-        pulumi.Output.all(ready.ready, api_key).apply(lambda v: client_config(cp.endpoint, cp.model, v[1]))
+        pulumi.Output.all(ready.ready, api_key).apply(lambda v: client_config(cp.upstream, cp.model, v[1]))
     )
-    return outputs

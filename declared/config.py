@@ -28,6 +28,7 @@ CLUSTER_KEY = "cluster"
 API_KEY = "apiKey"
 SSH_KEY = "sshPrivateKey"
 HF_TOKEN = "hfToken"
+MEMBER_KEYS = "memberKeys"  # optional secret map member -> key (else each member's key is generated)
 
 
 class _Strict(BaseModel):
@@ -323,6 +324,50 @@ class RouterConfig(_Strict):
     )
 
 
+GATEWAY_IMAGE = "deepseek-spark-gateway:litellm-1.110.2"  # built from programs/gateway/Dockerfile
+MEMBER_NAME = r"^[a-z0-9]([a-z0-9._-]{0,30}[a-z0-9])?$"
+
+
+class MemberConfig(_Strict):
+    """A team member: their own key (a Pulumi secret), scoped to the served model, revocable alone."""
+
+    name: Annotated[str, Field(pattern=MEMBER_NAME)] = Field(
+        description="1-32 lowercase letters, digits or ._- (it names the member's resources, metrics and usage)"
+    )
+    models: list[Name] = Field(default_factory=list, description="served models this key may call (default: all)")
+    rpm_limit: int | None = Field(default=None, ge=1, le=1_000_000, description="requests per minute (LiteLLM enforces it)")
+    tpm_limit: int | None = Field(default=None, ge=1, le=10**9, description="tokens per minute (LiteLLM enforces it)")
+    rotation: int = Field(default=0, ge=0, le=10**6, description="raise it to issue the member a new generated key")
+
+
+class GatewayConfig(_Strict):
+    """The team gateway (LiteLLM's proxy, PostgreSQL beside it) in front of the stack's endpoint: a key per
+    member, revocable without restarting a group, and usage per member."""
+
+    node: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")] | None = Field(
+        default=None, description="the node that runs the gateway (default: the router's node, else the head)"
+    )
+    address: Host | None = Field(default=None, description="where clients reach the gateway (default: its node's host)")
+    port: int = Field(default=4000, ge=1024, le=65535, description="the stack's endpoint port: the only one a client needs")
+    database_port: int = Field(default=5433, ge=1024, le=65535, description="PostgreSQL's port on 127.0.0.1 of that node")
+    image: ImageRef = Field(default=GATEWAY_IMAGE, description="built on the node from programs/gateway/Dockerfile")
+    keep_data: bool = Field(default=True, description="destroy keeps the database volume (keys and usage records)")
+    # The containers' memory limits (no swap): on a Spark the rank's unified memory is what they would take.
+    memory_mib: int = Field(default=1024, ge=512, le=16384, alias="memoryMiB", description="LiteLLM's container")
+    database_memory_mib: int = Field(default=512, ge=128, le=16384, alias="databaseMemoryMiB",
+                                     description="PostgreSQL's container")  # fmt: skip
+    request_timeout_seconds: int = Field(default=1800, ge=1, le=86400)
+    members: list[MemberConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_members(self) -> "GatewayConfig":
+        names = [m.name for m in self.members]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"members: {', '.join(dup)} listed twice; every member needs their own name")
+        return self
+
+
 @dataclass(frozen=True)
 class GroupEntry:
     """One serving group: a name (None for a stack without `groups`) and its full config."""
@@ -341,6 +386,7 @@ class StackConfig:
 
     groups: tuple[GroupEntry, ...]
     router: RouterConfig | None = None
+    gateway: GatewayConfig | None = None
 
     @property
     def single(self) -> ClusterConfig | None:
@@ -423,16 +469,21 @@ def _merge(base: dict, override: dict) -> dict:
 def parse_stack(raw: Any) -> StackConfig:
     """Validate `deepseek-spark:cluster` with optional `groups` and `router`; every problem in one
     message, each naming its field. Without `groups` the value is one group, exactly as before."""
-    if not isinstance(raw, dict) or ("groups" not in raw and "router" not in raw):
+    if not isinstance(raw, dict) or not {"groups", "router", "gateway"} & set(raw):
         return StackConfig((GroupEntry(None, parse_cluster(raw)),))
-    base = {k: v for k, v in raw.items() if k not in ("groups", "router")}
+    base = {k: v for k, v in raw.items() if k not in ("groups", "router", "gateway")}
     problems: list[str] = []
-    router = None
+    router = gateway = None
     if raw.get("router") is not None:
         try:
             router = RouterConfig.model_validate(raw["router"])
         except ValidationError as exc:
             problems += _errors(exc, "cluster.router")
+    if raw.get("gateway") is not None:
+        try:
+            gateway = GatewayConfig.model_validate(raw["gateway"])
+        except ValidationError as exc:
+            problems += _errors(exc, "cluster.gateway")
     groups_raw = raw.get("groups")
     if groups_raw is None:
         groups_raw = [None]  # a router in front of the one group the top level describes
@@ -476,7 +527,7 @@ def parse_stack(raw: Any) -> StackConfig:
         problems.append(f"cluster.groups: the name {dup!r} is used twice; every group needs its own name")
     if problems:
         raise ConfigError("invalid stack config:\n  " + "\n  ".join(problems))
-    return StackConfig(tuple(entries), router)
+    return StackConfig(tuple(entries), router, gateway)
 
 
 @dataclass(frozen=True)
@@ -490,6 +541,7 @@ class Settings:
     hf_token: Any = None  # pulumi.Output[str] (secret) or None: for model.source: download
     host_keys: tuple[tuple[str | None, ...], ...] = ()  # per group, per node: pinned for remote commands
     warnings: tuple[str, ...] = ()  # about where Pulumi runs (not the config): shown at preview
+    member_keys: Any = None  # {member: pulumi.Output[str] (secret)} from `memberKeys`; others are generated
 
 
 def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]]:
@@ -618,6 +670,12 @@ def load() -> Settings:
     problem = agent_socket_problem(dict(os.environ))
     if problem:
         raise ConfigError(problem)
+    member_keys = {}
+    raw_keys = pulumi.runtime.get_config(f"{PROJECT}:{MEMBER_KEYS}")
+    if raw_keys is not None:
+        keys_map = parse_member_keys(raw_keys, pulumi.runtime.is_config_secret(f"{PROJECT}:{MEMBER_KEYS}"),
+                                     stack_config.gateway, stack)  # fmt: skip
+        member_keys = {m: pulumi.Output.secret(k) for m, k in keys_map.items()}
     return Settings(
         stack=stack,
         config=stack_config,
@@ -626,4 +684,35 @@ def load() -> Settings:
         hf_token=optional[HF_TOKEN],
         host_keys=tuple(keys),
         warnings=tuple(w for w in [control_path_warning(stack_config)] if w),
+        member_keys=member_keys,
     )
+
+
+MEMBER_KEY = re.compile(r"^sk-[A-Za-z0-9_-]{32,200}$")
+
+
+def parse_member_keys(raw: str, secret: bool, gateway: GatewayConfig | None, stack: str) -> dict[str, str]:
+    """`memberKeys`: keys chosen by the team instead of generated ones (a secret map member -> key). Every
+    problem names the member and the fix; a key's value is never part of a message."""
+    set_one = f"pulumi config set --secret --path '{PROJECT}:{MEMBER_KEYS}.<member>' \"sk-$(openssl rand -hex 32)\" --stack {stack}"
+    if not secret:
+        raise ConfigError(f"{PROJECT}:{MEMBER_KEYS} is stored in plain text in the stack file; set each key as a "
+                          f"secret:\n  {set_one}")  # fmt: skip
+    try:
+        keys = json.loads(raw)
+    except ValueError:
+        keys = None
+    if not isinstance(keys, dict):
+        raise ConfigError(f"{PROJECT}:{MEMBER_KEYS} must be a map of member name to key; set it with:\n  {set_one}")
+    members = {m.name for m in gateway.members} if gateway else set()
+    problems = []
+    for name, key in sorted(keys.items()):
+        if name not in members:
+            problems.append(f"{PROJECT}:{MEMBER_KEYS}.{name}: no such member in cluster.gateway.members; add the "
+                            "member there, or remove the key")  # fmt: skip
+        elif not isinstance(key, str) or not MEMBER_KEY.match(key):
+            problems.append(f"{PROJECT}:{MEMBER_KEYS}.{name}: must be sk- followed by 32 to 200 of [A-Za-z0-9_-] "
+                            f"(LiteLLM logs only sk- keys hashed); fix:\n    {set_one.replace('<member>', name)}")
+    if problems:
+        raise ConfigError("member keys:\n  " + "\n  ".join(problems))
+    return keys

@@ -3,6 +3,7 @@
     python -m dspark.clients --stack tp4 --format openai-env --out tp4.env
     python -m dspark.clients --outputs-file saved.json --format litellm --out litellm.yaml
     python -m dspark.clients --stack tp4 --format curl
+    python -m dspark.clients --stack sim-team --member alice --format openai-env --out alice.env  # her own key
     python -m dspark.clients --stack tp4x2 --format prometheus --out scrape.yml   # no key in it
     python -m dspark.clients --stack tp4x2 --format grafana --out dashboard.json  # import in Grafana
 
@@ -40,9 +41,20 @@ class ClientConfigError(Exception):
 # ------------------------------------------------------------------------------------------ outputs
 
 
-def client_from_outputs(outputs: Mapping[str, Any], stack: str = "") -> Client:
-    """Stack outputs -> Client. Prefers `client_config`; falls back to endpoint/model/api_key."""
+def client_from_outputs(outputs: Mapping[str, Any], stack: str = "", member: Optional[str] = None) -> Client:
+    """Stack outputs -> Client. Prefers `client_config`; falls back to endpoint/model/api_key. `member`: that
+    team member's own config (`member_configs`, a stack with the gateway)."""
     cc = outputs.get("client_config")
+    if member is not None:
+        configs = outputs.get("member_configs")
+        if configs == SECRET_PLACEHOLDER:
+            raise ClientConfigError("member_configs is shown as [secret]: save the outputs with "
+                                    "`pulumi stack output --json --show-secrets --stack <stack>`")  # fmt: skip
+        if not isinstance(configs, Mapping) or member not in configs:
+            known = sorted(configs) if isinstance(configs, Mapping) else []
+            raise ClientConfigError(f"no member {member!r} in the stack outputs (members: {', '.join(known) or 'none'}; "
+                                    "add them under cluster.gateway.members and run `pulumi up`)")  # fmt: skip
+        cc = configs[member]
     if isinstance(cc, Mapping):
         base_url, api_key, model = cc.get("base_url"), cc.get("api_key"), cc.get("model")
     else:
@@ -243,6 +255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--outputs-file", help="outputs saved with `pulumi stack output --json --show-secrets` ('-': stdin)")
     parser.add_argument("--format", required=True, choices=FORMATS)
     parser.add_argument("--out", help="file to write (mode 600); stdout when omitted")
+    parser.add_argument("--member", metavar="NAME", help="a team member's own config (stacks with the gateway)")
     parser.add_argument("--key-env", metavar="NAME",
                         help="litellm/curl: read the key from env var NAME instead of writing it into the file")  # fmt: skip
     args = parser.parse_args(argv)
@@ -255,7 +268,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.format == "grafana":
             text = render_grafana(outputs, args.stack or "")
         else:
-            text = render(client_from_outputs(outputs, stack=args.stack or ""), args.format, args.key_env)
+            text = render(client_from_outputs(outputs, stack=args.stack or "", member=args.member), args.format,
+                          args.key_env)
     except ClientConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -367,10 +367,11 @@ def ssh_opts(cfg: ClusterConfig) -> list[str]:
     return opts
 
 
-def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hint: str = "") -> str:
+def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hint: str = "",
+              health_path: str = "/health") -> str:  # fmt: skip
     """Local command: wait for rank 0 /health, then one authenticated chat completion, failing at
-    once if a rank's container exits meanwhile. `url`: probe that endpoint (the router's) instead,
-    without watching ranks."""
+    once if a rank's container exits meanwhile. `url`: probe that endpoint (the router's, the gateway's
+    at `health_path`) instead, without watching ranks."""
     r = cfg.readiness
     ranks = [
         f"--rank {q(f'{rank}={plan.container_name(stack, rank)}@{n.ssh_user}@{n.host}:{n.ssh_port}')}"
@@ -391,6 +392,7 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hi
                f"--min-kv-share {r.min_kv_share:g}", f"--kv-shortfall {r.kv_shortfall}"] if ranks else []),
             *ranks,
             *([f"--restart-hint {q(restart_hint)}"] if ranks and restart_hint else []),
+            *([f"--health-path {q(health_path)}"] if health_path != "/health" else []),
             *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks else [])),
         ]
     )

@@ -8,8 +8,10 @@ Grafana dashboard over those series (`--format grafana`).
   `--enable-metrics` (groups behind the router do, for the drain; add it to `serving.extraArgs`
   otherwise). Running and queued requests, throughput, TTFT (`sglang:*`, `vllm:*`).
 
-No secret is involved: the exporters answer without the API key (SGLang versions that guard
-/metrics with it need `authorization: {credentials_file: ...}` added by hand).
+No secret is involved in the router's and engines' scrapes: they answer without the API key (SGLang
+versions that guard /metrics with it need `authorization: {credentials_file: ...}` added by hand).
+- the team gateway's `/metrics/` (LiteLLM's `litellm_*` and our per-member `dspark_gateway_*`: requests,
+  tokens, refusals), read with the gateway's metrics key from a credentials file.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ SERIES = {
     "router": ("smg_http_requests_total", "smg_http_request_duration_seconds_bucket", "smg_worker_health",
                "smg_worker_cb_outcomes_total"),
     **GAUGES,  # the engines' running and queued requests: what the drain reads too
+    "gateway": ("dspark_gateway_requests_total", "dspark_gateway_tokens_total", "dspark_gateway_rejected_total"),
 }  # fmt: skip
 
 
@@ -51,7 +54,22 @@ def scrape_configs(cp: ClusterPlan) -> list[dict[str, Any]]:
     ]  # fmt: skip
     if engines:
         configs.append({"job_name": f"{cp.stack}-engine", "metrics_path": "/metrics", "static_configs": engines})
+    if cp.gateway is not None:
+        # LiteLLM guards /metrics with a key: the gateway's metrics key (output gateway.metrics_key), which
+        # may read /metrics and nothing else; write it to this file where Prometheus runs.
+        configs.append({
+            "job_name": f"{cp.stack}-gateway",
+            "metrics_path": "/metrics/",
+            "authorization": {"type": "Bearer", "credentials_file": gateway_key_file(cp.stack)},
+            "static_configs": [{"targets": [cp.gateway.metrics], "labels": {"stack": cp.stack, "role": "gateway"}}],
+        })  # fmt: skip
     return configs
+
+
+def gateway_key_file(stack: str) -> str:
+    """Where the scrape config expects the gateway's metrics key (`python -m dspark.clients --format
+    prometheus --key-file` writes it there)."""
+    return f"/etc/prometheus/{stack}-gateway-metrics-key"
 
 
 def _panel(i: int, title: str, exprs: list[tuple[str, str]], unit: str = "short") -> dict[str, Any]:
@@ -81,6 +99,15 @@ def dashboard(scrape: list[dict[str, Any]], stack: str) -> dict[str, Any]:
             ("Groups in rotation (router health)", [(f"smg_worker_health{{{sel}}}", "{{worker}}")], "short"),
             ("Outcomes per group", [(f"sum by (worker, outcome) (rate(smg_worker_cb_outcomes_total{{{sel}}}[1m]))",
                                      "{{worker}} {{outcome}}")], "reqps"),
+        ]  # fmt: skip
+    if "gateway" in roles:
+        panels += [
+            ("Requests per member (gateway)", [(f"sum by (member, status) (rate(dspark_gateway_requests_total{{{sel}}}"
+                                                 "[5m]))", "{{member}} {{status}}")], "reqps"),
+            ("Tokens per member (gateway)", [(f"sum by (member, kind) (rate(dspark_gateway_tokens_total{{{sel}}}[5m]))",
+                                               "{{member}} {{kind}}")], "short"),
+            ("Refused requests (gateway)", [(f"sum by (reason) (rate(dspark_gateway_rejected_total{{{sel}}}[5m]))",
+                                             "{{reason}}")], "reqps"),
         ]  # fmt: skip
     for engine in engines:
         running, queued = SERIES[engine]

@@ -701,6 +701,88 @@ def _router_image(sc: StackConfig, stack: str = "") -> list[Finding]:
                     "SGLang image lmsysorg/sglang:dev-dsv41")]  # fmt: skip
 
 
+def gateway_where(sc: StackConfig) -> tuple[int, int] | None:
+    """(group index, node index) of the gateway's node; None without a gateway or for an unknown node."""
+    if sc.gateway is None:
+        return None
+    from .gateway import default_node
+
+    name = default_node(sc.gateway, sc.router.node if sc.router else None, sc.groups[0].cfg.nodes[0].name)
+    return next(((i, j) for i, e in enumerate(sc.groups) for j, n in enumerate(e.cfg.nodes) if n.name == name), None)
+
+
+@stack_rule("gateway-node")
+def _gateway_node(sc: StackConfig, stack: str = "") -> list[Finding]:
+    gw = sc.gateway
+    if gw is None:
+        return []
+    names = [n.name for e in sc.groups for n in e.cfg.nodes]
+    if gw.node == LOCAL:
+        return [Finding("gateway-node", "gateway.node", LOCAL, "the gateway runs on a node (its database's volume "
+                        "must outlive the machine Pulumi runs on)", f"use one of {', '.join(names)}")]  # fmt: skip
+    if gateway_where(sc) is None:
+        return [Finding("gateway-node", "gateway.node", gw.node, "is not a node of any group",
+                        f"use one of {', '.join(names)}")]  # fmt: skip
+    if sc.router is None and len(sc.groups) > 1:
+        return [Finding("gateway-node", "gateway", "...", "several groups need the router in front of them for the "
+                        "gateway to have one upstream", "add a `router:` block")]  # fmt: skip
+    return []
+
+
+@stack_rule("gateway-port-free")
+def _gateway_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
+    where = gateway_where(sc)
+    if where is None:
+        return []
+    gw, cfg = sc.gateway, sc.groups[where[0]].cfg
+    node = cfg.nodes[where[1]]
+    engine_port = ("distPort", cfg.serving.dist_port) if cfg.engine == "sglang" else ("rayPort", cfg.serving.ray_port)
+    taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
+             cfg.serving.port: "the group's serving.port", engine_port[1]: f"the group's serving.{engine_port[0]}"}  # fmt: skip
+    if sc.router is not None and sc.router.node == node.name:
+        taken.update({sc.router.port: "router.port", sc.router.metrics_port: "router.metricsPort"})
+    fix = f"pick free ports on {node.name}: the defaults are port 4000, databasePort 5433"
+    out = [Finding("gateway-port-free", f"gateway.{label}", port, f"is {taken[port]} on {node.name}", fix)
+           for label, port in (("port", gw.port), ("databasePort", gw.database_port)) if port in taken]  # fmt: skip
+    if gw.port == gw.database_port:
+        out.append(Finding("gateway-port-free", "gateway.databasePort", gw.database_port, "equals gateway.port", fix))
+    return out
+
+
+@stack_rule("gateway-memory")
+def _gateway_memory(sc: StackConfig, stack: str = "") -> list[Finding]:
+    """The gateway's containers live beside a rank, outside the memory plan: say when their limits do not
+    fit in what the rank's limit and memory.hostReserveGiB leave on that node (the memory gate then
+    measures what is really free before the group starts)."""
+    where = gateway_where(sc)
+    if where is None:
+        return []
+    from .plan import rank_memory_mib
+
+    gw, cfg = sc.gateway, sc.groups[where[0]].cfg
+    free_mib = int((cfg.memory.unified_gib - cfg.memory.host_reserve_gib) * 1024) - rank_memory_mib(cfg, where[1])
+    need = gw.memory_mib + gw.database_memory_mib
+    if need <= free_mib:
+        return []
+    node = cfg.nodes[where[1]].name
+    return [Finding("gateway-memory", "gateway.memoryMiB", gw.memory_mib,
+                    f"the gateway's containers may use {need} MiB on {node}, where rank {where[1]}'s limit and "
+                    f"memory.hostReserveGiB leave {max(free_mib, 0)} MiB", "raise memory.hostReserveGiB by "
+                    f"{(need - max(free_mib, 0)) / 1024:.1f}, lower the gateway's limits, or put it on another node",
+                    level="warning")]  # fmt: skip
+
+
+@stack_rule("gateway-member-models")
+def _gateway_models(sc: StackConfig, stack: str = "") -> list[Finding]:
+    if sc.gateway is None:
+        return []
+    served = sc.groups[0].cfg.model.served_name
+    return [Finding("gateway-member-models", f"gateway.members[{i}].models", m.models,
+                    f"names a model this stack does not serve (it serves {served!r}), so the key could call nothing",
+                    f"use [{served}], or leave models out (every served model)")
+            for i, m in enumerate(sc.gateway.members) if m.models and served not in m.models]  # fmt: skip
+
+
 def check_stack(sc: StackConfig, stack: str = "") -> tuple[list[Finding], list[Finding]]:
     """Every group's rules (findings named by group) and the stack's own; returns (errors, warnings)."""
     findings: list[Finding] = []

@@ -8,11 +8,13 @@ the validated config. The Pulumi components receive their part of it (never the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 from . import commands, fabric, plan, routing
+from . import gateway as gateway_plan
+from .gateway import GatewayPlan
 from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
@@ -178,10 +180,17 @@ class ClusterPlan:
     groups: tuple[StackPlan, ...]
     router: Optional[RouterPlan]
     members: tuple[Optional[MemberPlan], ...]  # per group; None without a router
+    gateway: Optional[GatewayPlan] = None  # the team gateway in front of it all (gateway.members' keys)
+
+    @property
+    def upstream(self) -> str:
+        """Where the stack serves behind the gateway (the internal key): the router's, or the one group's."""
+        return self.router.endpoint if self.router else self.groups[0].endpoint
 
     @property
     def endpoint(self) -> str:
-        return self.router.endpoint if self.router else self.groups[0].endpoint
+        """The stack's endpoint: the gateway's when there is one."""
+        return self.gateway.endpoint if self.gateway else self.upstream
 
     @property
     def model(self) -> str:
@@ -301,7 +310,8 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
         for i, e in enumerate(sc.groups)
     )
     if sc.router is None:
-        return ClusterPlan(stack, groups, None, tuple(None for _ in groups))
+        cp = ClusterPlan(stack, groups, None, tuple(None for _ in groups))
+        return replace(cp, gateway=_gateway(sc, stack, cp))
     r = sc.router
     workers = [routing.worker_url(e.cfg.nodes[0].host, e.cfg.serving.port) for e in sc.groups]
     if r.node == LOCAL:  # where Pulumi runs: its docker engine, a key file in its user's state dir
@@ -337,4 +347,21 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
         )
         for e, w in zip(sc.groups, workers)
     )
-    return ClusterPlan(stack, groups, router, members)
+    cp = ClusterPlan(stack, groups, router, members)
+    return replace(cp, gateway=_gateway(sc, stack, cp))
+
+
+def _gateway(sc: StackConfig, stack: str, cp: ClusterPlan) -> Optional[GatewayPlan]:
+    """The gateway on its node (rules.check_stack made sure the node exists), in front of cp.upstream."""
+    gw = sc.gateway
+    if gw is None:
+        return None
+    where = gateway_plan.default_node(gw, sc.router.node if sc.router else None, sc.groups[0].cfg.nodes[0].name)
+    gi, ni = next((i, j) for i, e in enumerate(sc.groups) for j, n in enumerate(e.cfg.nodes) if n.name == where)
+    cfg, node = sc.groups[gi].cfg, cp.groups[gi].nodes[ni]
+    url = f"http://{gw.address or node.host}:{gw.port}/v1"
+    return gateway_plan.build(
+        gw, stack, node, plan.state_dir(cfg, node.ssh_user), commands.key_sudo(cfg, node.ssh_user), cp.model,
+        cp.upstream, commands.readiness(cfg, stack, url=url, health_path=gateway_plan.HEALTH_PATH),
+        cfg.readiness.timeout_seconds // 60 + 5,
+    )

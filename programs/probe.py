@@ -28,14 +28,15 @@ import urllib.request
 from programs import bootlog
 
 
-def health_url(base_url: str) -> str:
+def health_url(base_url: str, path: str = "/health") -> str:
+    """The unauthenticated health route beside the OpenAI base URL (LiteLLM's proxy: /health/readiness)."""
     root = base_url.rstrip("/")
-    return (root[: -len("/v1")] if root.endswith("/v1") else root) + "/health"
+    return (root[: -len("/v1")] if root.endswith("/v1") else root) + path
 
 
-def get_health(base_url: str, timeout: float) -> int:
+def get_health(base_url: str, timeout: float, path: str = "/health") -> int:
     try:
-        with urllib.request.urlopen(health_url(base_url), timeout=timeout) as resp:
+        with urllib.request.urlopen(health_url(base_url, path), timeout=timeout) as resp:
             return resp.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -206,6 +207,7 @@ def wait_ready(
     sleep=time.sleep,
     ranks_down=lambda: None,
     phase=lambda: None,
+    health_path: str = "/health",
 ) -> bool:
     """Poll until ready or timeout; returns True when ready. Logs progress and the last error.
     `ranks_down()` returns why a rank is down (then the wait stops at once) or None; `phase()` where
@@ -222,12 +224,12 @@ def wait_ready(
             return False
         try:
             if stage == "health":
-                code = get_health(base_url, timeout=min(30.0, interval * 3))
+                code = get_health(base_url, timeout=min(30.0, interval * 3), path=health_path)
                 if code == 200:
-                    log(f"readiness: {health_url(base_url)} is 200 after {elapsed:.0f}s")
+                    log(f"readiness: {health_url(base_url, health_path)} is 200 after {elapsed:.0f}s")
                     stage = "chat"
                     continue
-                last = f"/health returned {code}"
+                last = f"{health_path} returned {code}"
             else:
                 answer = chat(base_url, key, model, prompt, timeout=120.0)
                 if expect in answer:
@@ -264,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-kv-share", type=float, default=0.9, help="below this share of it: --kv-shortfall")
     p.add_argument("--kv-shortfall", choices=["fail", "warn"], default="fail")
     p.add_argument("--restart-hint", default="", help="how to start the group over, said when a rank is down")
+    p.add_argument("--health-path", default="/health", help="the unauthenticated health route (LiteLLM: /health/readiness)")
     a = p.parse_args(argv)
     key = os.environ.get(a.key_env, "")
     if not key:
@@ -274,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         log=lambda m: print(m, flush=True),
         ranks_down=lambda: with_hint(exited_rank(a.rank, a.ssh_opt, key), a.restart_hint),
         phase=lambda: rank0_phase(a.rank, a.ssh_opt),
+        health_path=a.health_path,
     )  # fmt: skip
     if ok and a.engine and a.rank:
         ok = check_boot(rank0_boot(a.rank, a.ssh_opt, a.engine), a.expect_kv_tokens, a.min_kv_share, a.kv_shortfall,

@@ -1,0 +1,170 @@
+"""The team gateway's key and usage records (runs inside the gateway container, its python3 and psycopg).
+
+The program registers each member's key with `add` (the key on stdin, never in argv), which prints the
+key's record (its sha256, the only thing the delete step needs) and revokes it with `revoke`. The
+LiteLLM hook (dspark_gateway.py) reads the same table on every request, so a revocation holds from the
+next request on, without a restart. Usage rows are never deleted: they outlive the keys.
+
+    python3 gateway_admin.py add --member alice [--models m1,m2] [--rpm 60] [--tpm 100000] < key
+    python3 gateway_admin.py revoke --hash <sha256>
+    python3 gateway_admin.py usage            # JSON: per member requests, failures, tokens
+    python3 gateway_admin.py keys             # JSON: members and whether their key is active
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+
+SECRETS = os.environ.get("DSPARK_GATEWAY_SECRETS", "/run/dspark-gateway/secrets.env")
+KEY = re.compile(r"^sk-[A-Za-z0-9_-]{32,}$")  # LiteLLM hashes (for its logs) only keys starting sk-
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS dspark_keys (
+    key_hash    text PRIMARY KEY,
+    member      text NOT NULL,
+    models      text[] NOT NULL DEFAULT '{}',
+    rpm_limit   integer,
+    tpm_limit   integer,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    revoked_at  timestamptz
+);
+CREATE INDEX IF NOT EXISTS dspark_keys_member ON dspark_keys (member);
+CREATE TABLE IF NOT EXISTS dspark_usage (
+    id                 bigserial PRIMARY KEY,
+    at                 timestamptz NOT NULL DEFAULT now(),
+    member             text NOT NULL,
+    model              text,
+    status             text NOT NULL,
+    prompt_tokens      integer NOT NULL DEFAULT 0,
+    completion_tokens  integer NOT NULL DEFAULT 0,
+    latency_ms         double precision
+);
+CREATE INDEX IF NOT EXISTS dspark_usage_member ON dspark_usage (member);
+"""
+
+USAGE_TOTALS = """
+SELECT member, count(*), count(*) FILTER (WHERE status <> 'success'),
+       coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), coalesce(max(id), 0)
+FROM dspark_usage GROUP BY member ORDER BY member
+"""
+
+
+def read_secrets(path: str = SECRETS) -> dict[str, str]:
+    """The gateway's secrets file (KEY='value' lines, written by the program with 0600)."""
+    import shlex
+
+    out = {}
+    with open(path) as f:
+        for line in f:
+            name, sep, value = line.strip().partition("=")
+            if sep and not name.startswith("#"):
+                out[name] = shlex.split(value)[0] if value else ""
+    return out
+
+
+def db_url(secrets: dict[str, str]) -> str:
+    """The connection string (password from the secrets file; the database listens on 127.0.0.1 only)."""
+    return (f"host=127.0.0.1 port={secrets['DSPARK_DB_PORT']} dbname=dspark user=dspark "
+            f"password={secrets['DSPARK_DB_PASSWORD']} connect_timeout=5")
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def connect(wait_seconds: float = 0):
+    """A connection, waiting up to `wait_seconds` for the database to come up (it starts beside us)."""
+    import psycopg
+
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            conn = psycopg.connect(db_url(read_secrets()), autocommit=True)
+            conn.execute(SCHEMA)
+            return conn
+        except psycopg.OperationalError as exc:
+            if time.monotonic() >= deadline:
+                raise SystemExit(f"gateway database not reachable: {str(exc).strip()}") from None
+            time.sleep(1)
+
+
+def add(args: argparse.Namespace) -> int:
+    key = sys.stdin.read().strip()
+    if not KEY.match(key):
+        print("add: the key on stdin must be sk- followed by at least 32 of [A-Za-z0-9_-]", file=sys.stderr)
+        return 2
+    models = [m for m in (args.models or "").split(",") if m]
+    h = key_hash(key)
+    with connect(args.wait) as conn:
+        # Upsert: the same key again (a scope change) keeps its record and becomes active again.
+        conn.execute(
+            "INSERT INTO dspark_keys (key_hash, member, models, rpm_limit, tpm_limit) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (key_hash) DO UPDATE SET member = EXCLUDED.member, models = EXCLUDED.models, "
+            "rpm_limit = EXCLUDED.rpm_limit, tpm_limit = EXCLUDED.tpm_limit, revoked_at = NULL",
+            (h, args.member, models, args.rpm, args.tpm),
+        )
+    print(h)
+    return 0
+
+
+def revoke(args: argparse.Namespace) -> int:
+    if not re.fullmatch(r"[0-9a-f]{64}", args.hash or ""):
+        print(f"revoke: --hash must be a key's sha256 (got {args.hash!r})", file=sys.stderr)
+        return 2
+    with connect(args.wait) as conn:
+        n = conn.execute(
+            "UPDATE dspark_keys SET revoked_at = now() WHERE key_hash = %s AND revoked_at IS NULL", (args.hash,)
+        ).rowcount
+    print(f"revoked {n} key(s)")
+    return 0
+
+
+def usage(args: argparse.Namespace) -> int:
+    with connect(args.wait) as conn:
+        rows = conn.execute(USAGE_TOTALS).fetchall()
+    print(json.dumps({m: {"requests": r, "failures": f, "prompt_tokens": p, "completion_tokens": c}
+                      for m, r, f, p, c, _ in rows}, sort_keys=True))  # fmt: skip
+    return 0
+
+
+def keys(args: argparse.Namespace) -> int:
+    with connect(args.wait) as conn:
+        rows = conn.execute(
+            "SELECT member, bool_or(revoked_at IS NULL) FROM dspark_keys GROUP BY member ORDER BY member"
+        ).fetchall()
+    print(json.dumps({m: ("active" if active else "revoked") for m, active in rows}, sort_keys=True))
+    return 0
+
+
+def init(args: argparse.Namespace) -> int:
+    with connect(args.wait):
+        pass
+    print("gateway database ready")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gateway_admin.py")
+    p.add_argument("--wait", type=float, default=60, help="seconds to wait for the database")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("add")
+    a.add_argument("--member", required=True)
+    a.add_argument("--models", default="")
+    a.add_argument("--rpm", type=int)
+    a.add_argument("--tpm", type=int)
+    r = sub.add_parser("revoke")
+    r.add_argument("--hash", required=True)
+    for name in ("usage", "keys", "init"):
+        sub.add_parser(name)
+    args = p.parse_args(argv)
+    return {"add": add, "revoke": revoke, "usage": usage, "keys": keys, "init": init}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""__main__.py under Pulumi mocks for a stack with the team gateway (sim-team; tp4x2 behind its router):
+what a member change touches, where keys go (only secret inputs), the gateway's containers, the outputs."""
+
+import copy
+
+import pytest
+
+from harness import TEST_API_KEY, Secret, cluster_of, plain_strings, reveal, run_program
+
+CONTAINER = "docker:index/container:Container"
+REMOTE = "command:remote:Command"
+LOCAL = "command:local:Command"
+ALICE, BOB = "sk-alice-" + "a" * 40, "sk-bob-" + "b" * 40
+ADMIN, METRICS, DBPW = "sk-admin-" + "c" * 40, "sk-metrics-" + "d" * 40, "dbpassword" + "e" * 20
+STDOUT = {"sim-team-gateway-key-alice": ALICE + "\n", "sim-team-gateway-key-bob": BOB + "\n",
+          "sim-team-gateway-admin-key": ADMIN + "\n", "sim-team-gateway-metrics-key": METRICS + "\n",
+          "sim-team-gateway-db-password": DBPW + "\n"}  # fmt: skip
+
+
+def team(members):
+    cluster = cluster_of("sim-team")
+    cluster["gateway"]["members"] = members
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def rec():
+    return run_program("sim-team", command_stdout=STDOUT)
+
+
+def test_no_key_appears_in_any_plain_input_or_output(rec):
+    for r in rec.resources:
+        for s in plain_strings(r.inputs):
+            for key in (ALICE, BOB, ADMIN, METRICS, DBPW, TEST_API_KEY):
+                assert key not in s, f"{r.name} carries a key in a plain input"
+    for name, value in rec.outputs.items():
+        for s in plain_strings(value):
+            assert not any(k in s for k in (ALICE, BOB, ADMIN, METRICS, DBPW)), name
+
+
+def test_a_members_key_reaches_only_their_registration_on_stdin(rec):
+    add = rec.named("sim-team-gateway-member-alice")
+    assert add.inputs["stdin"] == Secret(ALICE)
+    assert add.plain["create"] == add.plain["update"]  # a scope change updates the record in place
+    assert "revoke" in add.plain["delete"]
+    holders = [r.name for r in rec.resources if ALICE in str(reveal(r.inputs))]
+    assert holders == ["sim-team-gateway-member-alice"]
+
+
+def test_no_rank_or_engine_resource_knows_the_gateway_or_a_member(rec):
+    for r in rec.of_type(CONTAINER):
+        if "gateway" in r.name:
+            continue
+        text = str(reveal(r.inputs))
+        assert ADMIN not in text and "gateway" not in text
+
+
+def test_the_gateway_containers_mount_their_files_read_only_and_carry_no_environment(rec):
+    for name in ("sim-team-gateway-container", "sim-team-gateway-db"):
+        c = rec.named(name)
+        assert "envs" not in c.plain and c.plain["networkMode"] == "host" and c.delete_before_replace
+        mounts = {m["target"]: m for m in c.plain["mounts"]}
+        assert mounts["/etc/dspark-gateway"]["readOnly"] and mounts["/run/dspark-gateway/secrets.env"]["readOnly"]
+    db = {m["target"]: m for m in rec.named("sim-team-gateway-db").plain["mounts"]}
+    assert db["/var/lib/postgresql/data"]["source"] == "sim-team-gateway-db"
+    assert rec.named("sim-team-gateway-db-data").retain_on_delete  # keepData defaults to true
+
+
+def test_keep_data_false_lets_destroy_delete_the_database_volume():
+    cluster = cluster_of("sim-team")
+    cluster["gateway"]["keepData"] = False
+    assert not run_program("sim-team", cluster).named("sim-team-gateway-db-data").retain_on_delete
+
+
+def comparable(rec, skip):
+    return {r.name: (r.inputs, sorted(r.dependencies)) for r in rec.resources if not any(s in r.name for s in skip)}
+
+
+def test_revoking_a_member_changes_only_that_members_resources(rec):
+    revoked = run_program("sim-team", team([{"name": "alice"}]), command_stdout=STDOUT)
+    before, after = comparable(rec, ["-bob"]), comparable(revoked, ["-bob"])
+    # the outputs' member_configs differ; every registered resource but bob's is exactly as before
+    assert before == after
+    assert not [r for r in revoked.resources if "bob" in r.name]
+    assert [r.name for r in rec.resources if "bob" in r.name] == ["sim-team-gateway-key-bob", "sim-team-gateway-member-bob"]
+
+
+def test_a_scope_change_updates_the_record_and_a_rotation_makes_a_new_key(rec):
+    scoped = run_program("sim-team", team([{"name": "alice"}, {"name": "bob", "rpmLimit": 5}]), command_stdout=STDOUT)
+    assert "--rpm 5" in scoped.named("sim-team-gateway-member-bob").plain["update"]
+    assert comparable(rec, ["member-bob"]) == comparable(scoped, ["member-bob"])
+    rotated = run_program("sim-team", team([{"name": "alice"}, {"name": "bob", "rpmLimit": 6000, "rotation": 1}]),
+                          command_stdout=STDOUT)  # fmt: skip
+    assert rotated.named("sim-team-gateway-key-bob").plain["triggers"] == [1]
+    assert rec.named("sim-team-gateway-key-bob").plain["triggers"] == [0]
+
+
+def test_configured_member_keys_replace_the_generated_ones():
+    mine = "sk-chosen-" + "f" * 40
+    r = run_program("sim-team", secrets={"memberKeys": '{"alice": "%s"}' % mine}, command_stdout=STDOUT)
+    assert r.named("sim-team-gateway-member-alice").inputs["stdin"] == Secret(mine)
+    assert not [x for x in r.resources if x.name == "sim-team-gateway-key-alice"]
+
+
+def test_outputs_point_clients_at_the_gateway_each_member_with_their_own_key(rec):
+    o = rec.outputs
+    assert o["endpoint"] == "http://172.30.99.11:4000/v1"
+    configs = o["member_configs"]
+    assert isinstance(configs, Secret)
+    assert {n: c["api_key"] for n, c in configs.value.items()} == {"alice": ALICE, "bob": BOB}
+    assert all(c["base_url"] == o["endpoint"] for c in configs.value.values())
+    assert o["client_config"].value["api_key"] == ADMIN  # the admin's, apart from the members'
+    gw = reveal(o["gateway"])
+    assert gw["members"] == ["alice", "bob"] and gw["upstream"] == "http://172.30.99.11:8000/v1"
+    job = next(j for j in o["prometheus"]["scrape_configs"] if j["job_name"] == "sim-team-gateway")
+    assert job["static_configs"][0]["targets"] == ["172.30.99.11:4000"] and job["authorization"]["type"] == "Bearer"
+
+
+def test_the_gateway_waits_for_the_upstream_and_its_readiness_holds_the_admin_key_only_in_env(rec):
+    check = rec.named("sim-team-gateway-readiness-check")
+    assert check.inputs["environment"]["DSPARK_API_KEY"] == Secret(ADMIN)
+    upstream = rec.named("sim-team-readiness-check").urn
+    assert upstream in check.dependencies
+
+
+def test_behind_the_router_the_gateway_runs_on_the_routers_node():
+    cluster = copy.deepcopy(cluster_of("tp4x2"))
+    cluster["gateway"] = {"members": [{"name": "alice"}]}
+    r = run_program("tp4x2", cluster)
+    gw = reveal(r.outputs["gateway"])
+    router_node = cluster["router"]["node"]
+    assert gw["node"] == router_node and gw["upstream"] == reveal(r.outputs["router"])["endpoint"]
