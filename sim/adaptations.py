@@ -176,6 +176,14 @@ ADAPTATIONS: list[Adaptation] = [
                "stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",
                "no registry is reachable; the test machine is not aarch64", "sim/images.py, Pulumi.sim.yaml"),
     Adaptation("nodes run as root", "the simulated nodes are containers with root sshd", "sim/cluster.py"),
+    Adaptation("the gateway image deepseek-spark-gateway:litellm-1.110.2 (REAL LiteLLM 1.110.2 and PostgreSQL 15) "
+               "is built by the sim and loaded into each node's engine at create, not built on the node from "
+               "programs/gateway/Dockerfile: the same Debian packages except python3-pip, on a debootstrap bookworm "
+               "minbase (not debian:bookworm-slim), the same pins (programs/gateway/requirements.txt) as x86_64 "
+               "wheels installed with the host's pip (not linux/arm64 ones with the image's pip); image env and "
+               "CMD as the Dockerfile's",
+               "no registry is reachable: debian:bookworm-slim cannot be pulled; the test machine is not aarch64",
+               "sim/images.py, sim/cluster.py"),
     Adaptation("the router in front of sim-x2's groups is the REAL sglang-router 0.3.2 (PyPI wheel), started from "
                "the engine test-double image (the groups' image) instead of the SGLang image; the groups it routes "
                "to and drains are test doubles (their /metrics carry only the request gauges)",

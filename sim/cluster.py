@@ -232,6 +232,7 @@ class ClusterInfo:
     ssh: SshInfo
     node_image: str = ""
     engine_image: str = images.ENGINE_IMAGE
+    gateway_image: str = images.GATEWAY_IMAGE
     timings: dict = field(default_factory=dict)
     rail_networks: list[str] = field(default_factory=list)
     rail_subnets: list[str] = field(default_factory=list)
@@ -244,7 +245,9 @@ class ClusterInfo:
             lines.append(f"  {n.name:8s} {n.ip:15s} rails {n.rail_a:15s} {n.rail_b:15s} container {n.container}")
         lines += [f"  ssh key      {self.ssh.private_key}", f"  known_hosts  {self.ssh.known_hosts}",
                   f"  ssh config   {self.ssh.ssh_config}   (ssh -F {self.ssh.ssh_config} spark1)",
-                  f"  engine image {', '.join(images.ENGINE_IMAGES)} (one TEST DOUBLE image) loaded on every node"]
+                  f"  engine image {', '.join(images.ENGINE_IMAGES)} (one TEST DOUBLE image) loaded on every node",
+                  f"  gateway image {images.GATEWAY_IMAGE} (REAL LiteLLM + PostgreSQL 15, registry packages) "
+                  "loaded on every node"]
         if self.timings:
             lines.append("  timings      " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()))
         return "\n".join(lines)
@@ -254,7 +257,7 @@ class ClusterInfo:
              "rail_networks": list(self.rail_networks), "rail_subnets": list(self.rail_subnets),
              "nodes": [asdict(n) for n in self.nodes], "node_image": self.node_image,
              "engine_image": self.engine_image, "engine_images": list(images.ENGINE_IMAGES),
-             "timings": self.timings}
+             "gateway_image": self.gateway_image, "timings": self.timings}
         d["ssh"] = self.ssh.to_json()
         return d
 
@@ -343,12 +346,13 @@ def _ensure_network(p: ClusterPlan) -> None:
 
 def docker_volume(cluster: str, index: int) -> str:
     """The node's /var/lib/docker: a named volume kept by `delete` (unless purged), so the next cluster of
-    that name starts with the engine image already loaded; everything else in it is reset at create."""
+    that name starts with the engine and gateway images already loaded; everything else in it is reset at
+    create."""
     return f"dspark-sim-{cluster}-node{index}-docker"
 
 
 # What create removes from a node's kept engine: every container, volume, network and build cache, and
-# every image but the engine images (a node then holds what a fresh one would).
+# every image but the engine images and the gateway image (a node then holds what a fresh one would).
 RESET_INNER = (
     "docker ps -aq | xargs -r docker rm -f -v >/dev/null; "
     "docker volume ls -q | xargs -r docker volume rm -f >/dev/null; "
@@ -360,9 +364,12 @@ RESET_INNER = (
 )
 
 
+NODE_IMAGES = (*images.ENGINE_IMAGES, images.GATEWAY_IMAGE)  # every image name a fresh node holds
+
+
 def _reset_inner(n: NodeInfo) -> None:
-    names = " ".join(images.ENGINE_IMAGES)
-    flags = " -e ".join(images.ENGINE_IMAGES)
+    names = " ".join(NODE_IMAGES)
+    flags = " -e ".join(NODE_IMAGES)
     r = backend.exec_in(n.container, "sh", "-c", RESET_INNER % (names, flags), timeout=300)
     if r.returncode != 0:
         raise SimError(f"{n.name}: resetting its kept docker engine failed: {(r.stderr or r.stdout).strip()}")
@@ -465,10 +472,10 @@ def _host_keys(n: NodeInfo) -> list[str]:
     return [line for line in r.stdout.splitlines() if line.strip()]
 
 
-def _load_engine_image(n: NodeInfo, tar: Path, want_id: str) -> str:
-    """Load the engine image (all names in ``images.ENGINE_IMAGES``) unless every name is current."""
-    r = backend.exec_in(n.container, "docker", "image", "inspect", "--format", "{{.Id}}", *images.ENGINE_IMAGES)
-    if r.returncode == 0 and r.stdout.split() == [want_id] * len(images.ENGINE_IMAGES):
+def _load_image(n: NodeInfo, names: tuple[str, ...], tar: Path, want_id: str) -> str:
+    """``docker load`` the tar (one image under ``names``) on the node unless every name is current."""
+    r = backend.exec_in(n.container, "docker", "image", "inspect", "--format", "{{.Id}}", *names)
+    if r.returncode == 0 and r.stdout.split() == [want_id] * len(names):
         return "present"
     with open(tar, "rb") as f:
         pr = subprocess.run([backend.docker_bin(), "exec", "-i", n.container, "docker", "load"], stdin=f,
@@ -476,6 +483,16 @@ def _load_engine_image(n: NodeInfo, tar: Path, want_id: str) -> str:
     if pr.returncode != 0:
         raise SimError(f"docker load on {n.name} failed: {pr.stderr.decode(errors='replace').strip()}")
     return "loaded"
+
+
+def _load_engine_image(n: NodeInfo, tar: Path, want_id: str) -> str:
+    """Load the engine image (all names in ``images.ENGINE_IMAGES``) unless every name is current."""
+    return _load_image(n, images.ENGINE_IMAGES, tar, want_id)
+
+
+def _load_gateway_image(n: NodeInfo, tar: Path, want_id: str) -> str:
+    """Load the gateway image (``images.GATEWAY_IMAGE``) unless it is current."""
+    return _load_image(n, (images.GATEWAY_IMAGE,), tar, want_id)
 
 
 def _ssh_check(cfg: Path, n: NodeInfo, cmd: str = "true", timeout: float = 20) -> subprocess.CompletedProcess:
@@ -562,14 +579,22 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
                 backend.docker("start", n.container, check=False)
             _parallel(lambda n: _wait_node(n, timeout), existing)
             sshi = _finish(name, existing, log)
-        # engine images built after the cluster was created (e.g. vllm-sim) reach its nodes too
+        # engine images built after the cluster was created (e.g. vllm-sim) and the gateway image reach its
+        # nodes too
         images.ensure_engine_image(log)
         tar = images.engine_image_tar(log)
         want_id = backend.image_id(images.ENGINE_IMAGE)
+        images.ensure_gateway_image(log)
+        gw_tar = images.gateway_image_tar(log)
+        gw_id = backend.image_id(images.GATEWAY_IMAGE)
         t2 = time.monotonic()
         res = _parallel(lambda n: (_wait_node(n, timeout), _load_engine_image(n, tar, want_id))[1], existing)
         timings["engine_image_load"] = time.monotonic() - t2
         log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(existing, res)))
+        t2 = time.monotonic()
+        res = _parallel(lambda n: _load_gateway_image(n, gw_tar, gw_id), existing)
+        timings["gateway_image_load"] = time.monotonic() - t2
+        log(f"  {images.GATEWAY_IMAGE}: " + ", ".join(f"{n.name} {r}" for n, r in zip(existing, res)))
         timings["total"] = time.monotonic() - t0
         return ClusterInfo(name, p.network, p.subnet, existing, sshi, images.node_image_tag(), timings=timings,
                            rail_networks=p.rail_networks, rail_subnets=p.rail_subnets)
@@ -578,6 +603,9 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
     images.ensure_engine_image(log)
     tar = images.engine_image_tar(log)
     want_id = backend.image_id(images.ENGINE_IMAGE)
+    images.ensure_gateway_image(log)
+    gw_tar = images.gateway_image_tar(log)
+    gw_id = backend.image_id(images.GATEWAY_IMAGE)
     timings["images"] = time.monotonic() - t0
     try:
         key = _ensure_key(name)
@@ -595,6 +623,10 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
         res = _parallel(lambda n: _load_engine_image(n, tar, want_id), p.nodes)
         timings["engine_image_load"] = time.monotonic() - t2
         log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(p.nodes, res)))
+        t2 = time.monotonic()
+        res = _parallel(lambda n: _load_gateway_image(n, gw_tar, gw_id), p.nodes)
+        timings["gateway_image_load"] = time.monotonic() - t2
+        log(f"  {images.GATEWAY_IMAGE}: " + ", ".join(f"{n.name} {r}" for n, r in zip(p.nodes, res)))
         t3 = time.monotonic()
         sshi = _finish(name, p.nodes, log)
         timings["ssh"] = time.monotonic() - t3
@@ -743,13 +775,15 @@ def status(name: str = DEFAULT_CLUSTER) -> dict:
         st = (backend.inspect(n.container) or {}).get("State", {})
         d = {"node": n.name, "ip": n.ip, "rail_a": n.rail_a, "rail_b": n.rail_b, "container": n.container,
              "state": st.get("Status", "missing"), "ssh": False, "docker": False, "engine_image": False,
-             "fabric": None}
+             "gateway_image": False, "fabric": None}
         if st.get("Running"):
             d["ssh"] = cfg.exists() and _ssh_check(cfg, n, timeout=15).returncode == 0
             d["docker"] = backend.exec_in(n.container, "docker", "info", "--format", "{{.ServerVersion}}",
                                           timeout=30).returncode == 0
             d["engine_image"] = d["docker"] and backend.exec_in(
                 n.container, "docker", "image", "inspect", *images.ENGINE_IMAGES, timeout=30).returncode == 0
+            d["gateway_image"] = d["docker"] and backend.exec_in(
+                n.container, "docker", "image", "inspect", images.GATEWAY_IMAGE, timeout=30).returncode == 0
             try:
                 m = _read_model(n)
                 d["fabric"] = {r["hca"]: f"{r['state']} {r['speed_mbps'] // 1000}G mtu {r['mtu']}" for r in m["rails"]}
@@ -759,6 +793,7 @@ def status(name: str = DEFAULT_CLUSTER) -> dict:
 
     rows = _parallel(one, nodes) if nodes else []
     healthy = bool(rows) and all(r["state"] == "running" and r["ssh"] and r["docker"] and r["engine_image"]
+                                 and r["gateway_image"]
                                  for r in rows)
     return {"cluster": name, "exists": bool(nodes), "healthy": healthy, "nodes": rows}
 
@@ -769,11 +804,13 @@ def format_status(st: dict) -> str:
     yn = lambda b: "ok" if b else "NO"  # noqa: E731
     lines = [f"cluster {st['cluster']!r}: {'healthy' if st['healthy'] else 'NOT healthy'}",
              f"  {'node':8s} {'ip':15s} {'rail a':15s} {'rail b':15s} {'container':10s} {'ssh':4s} {'docker':6s} "
-             f"{' + '.join(images.ENGINE_IMAGES)}  fabric"]
+             f"{' + '.join(images.ENGINE_IMAGES)}  {images.GATEWAY_IMAGE}  fabric"]
+    gw = len(images.GATEWAY_IMAGE)
     for r in st["nodes"]:
         links = ", ".join(f"{k} {v}" for k, v in (r.get("fabric") or {}).items()) or "-"
         lines.append(f"  {r['node']:8s} {r['ip']:15s} {r.get('rail_a', ''):15s} {r.get('rail_b', ''):15s} "
-                     f"{r['state']:10s} {yn(r['ssh']):4s} {yn(r['docker']):6s} {yn(r['engine_image']):<41s}  {links}")
+                     f"{r['state']:10s} {yn(r['ssh']):4s} {yn(r['docker']):6s} {yn(r['engine_image']):<41s}  "
+                     f"{yn(r.get('gateway_image')):<{gw}s}  {links}")
     return "\n".join(lines)
 
 

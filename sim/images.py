@@ -9,6 +9,10 @@
   TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve``) plus REAL Ray and the REAL SGLang
   router (PyPI wheels, ``RAY_WHEELS`` + ``ROUTER_WHEELS``, installed into the rootfs at build time) and is tagged
   ``sglang-sim:test-double`` and ``vllm-sim:test-double`` (one image ID, ``ENGINE_IMAGES``).
+* the team gateway image ``deepseek-spark-gateway:litellm-1.110.2`` (``GATEWAY_IMAGE``, also tagged
+  ``deepseek-spark-gateway:sim-<hash>``) is NOT a test double: REAL LiteLLM (proxy) and REAL PostgreSQL 15,
+  registry packages only (Debian's ``postgresql-15``, the PyPI pins of ``programs/gateway/requirements.txt``,
+  which real nodes build with ``programs/gateway/Dockerfile``); no code of ours is in it.
 """
 from __future__ import annotations
 
@@ -64,6 +68,13 @@ ROUTER_WHEELS = (
 ENGINE_WHEELS = RAY_WHEELS + ROUTER_WHEELS  # every name pinned once (tests/sim checks it)
 WHEEL_PLATFORM = ("--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp",
                   "--abi", "cp311", "--only-binary=:all:")
+# The team gateway (LiteLLM's proxy + PostgreSQL 15): its pins live in programs/gateway/requirements.txt
+# (the file programs/gateway/Dockerfile installs on real nodes). litellm, numpy and tiktoken ship
+# manylinux_2_28 wheels only (bookworm's glibc is 2.36), so this set also takes that platform tag.
+GATEWAY_IMAGE = "deepseek-spark-gateway:litellm-1.110.2"
+GATEWAY_REQUIREMENTS = Path(__file__).parent.parent / "programs" / "gateway" / "requirements.txt"
+GATEWAY_WHEEL_PLATFORM = ("--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
+                          *WHEEL_PLATFORM[2:])
 ROOTFS_SITE = "usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
 FIXED_MTIME = 1735689600  # 2025-01-01T00:00:00Z: deterministic tars
 CLEANUP = [
@@ -143,13 +154,17 @@ class RootfsSpec:
     suite: str = SUITE
     variant: str = "minbase"
     wheels: tuple[str, ...] = ()  # PyPI requirements (pinned) installed into ROOTFS_SITE
+    wheel_platform: tuple[str, ...] = WHEEL_PLATFORM  # pip download/install flags selecting the wheels
+    remove: tuple[str, ...] = ()  # paths (globs) deleted after debootstrap, on top of CLEANUP (not re-created)
 
     def key(self) -> str:
         doc = {"kind": self.kind, "packages": sorted(self.packages), "suite": self.suite,
                "variant": self.variant, "cleanup": CLEANUP, "recipe": RECIPE_VERSION}
+        if self.remove:
+            doc["remove"] = sorted(self.remove)
         if self.wheels:
             doc["wheels"] = sorted(self.wheels)
-            doc["wheel_platform"] = list(WHEEL_PLATFORM)
+            doc["wheel_platform"] = list(self.wheel_platform)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -158,6 +173,21 @@ class RootfsSpec:
 NODE_ROOTFS = RootfsSpec("node", ("openssh-server", "docker.io", "python3", "iproute2", "procps",
                                   "sudo", "ca-certificates", "iputils-ping", "ethtool"))
 ENGINE_ROOTFS = RootfsSpec("engine", ("python3",), wheels=ENGINE_WHEELS)
+
+
+def read_requirements(path: Path) -> tuple[str, ...]:
+    """The ``name==version`` lines of a pip requirements file (comments and blank lines dropped)."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return tuple(line for line in lines if line)
+
+
+# postgresql-15's postinst (postgresql-common) creates the `postgres` user and puts the server binaries in
+# /usr/lib/postgresql/15/bin; runuser comes with util-linux (Essential, in minbase). The postinst also
+# creates the cluster "15 main" (createcluster.conf's default): dropped, as the Dockerfile's
+# `create_main_cluster = false` leaves none (the gateway's database lives on its own volume).
+GATEWAY_ROOTFS = RootfsSpec("gateway", ("python3", "postgresql-15", "ca-certificates"),
+                            wheels=read_requirements(GATEWAY_REQUIREMENTS), wheel_platform=GATEWAY_WHEEL_PLATFORM,
+                            remove=("etc/postgresql/15", "var/lib/postgresql/15"))
 
 
 @dataclass
@@ -274,6 +304,21 @@ def engine_overlay(rootfs_key: str) -> Overlay:
     return ov
 
 
+def gateway_overlay() -> Overlay:
+    """No files (registry packages only): the image config programs/gateway/Dockerfile sets."""
+    ov = Overlay()
+    ov.changes = [
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV LITELLM_LOCAL_MODEL_COST_MAP=True",
+        "ENV PYTHONUNBUFFERED=1",
+        'CMD ["/bin/sh"]',
+        "LABEL deepseek-spark.sim.image=gateway deepseek-spark.sim.test-double=false "
+        "deepseek-spark.sim.built-from=registry-packages-only deepseek-spark.gateway.litellm=1.110.2 "
+        "deepseek-spark.gateway.postgresql=15",
+    ]
+    return ov
+
+
 CLI_SCRIPT = '''#!/usr/bin/python3
 # TEST DOUBLE `{what}` CLI (dspark-sim); see dspark_testdouble.{mod}. This is NOT the real {what}.
 import sys
@@ -296,6 +341,10 @@ def node_image_tag() -> str:
 
 def engine_image_tag() -> str:
     return image_tag("sglang-sim", ENGINE_ROOTFS, engine_overlay(ENGINE_ROOTFS.key())).replace(":", ":td-")
+
+
+def gateway_image_tag() -> str:
+    return image_tag("deepseek-spark-gateway", GATEWAY_ROOTFS, gateway_overlay()).replace(":", ":sim-")
 
 
 def checkpoint_tar() -> bytes:
@@ -336,10 +385,16 @@ def build_rootfs(spec: RootfsSpec, log=print) -> Path:
                     p.mkdir()
                 else:
                     p.unlink()
+        for pattern in spec.remove:
+            for p in root.glob(pattern):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
         (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
         (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
         if spec.wheels:
-            install_wheels(spec.wheels, root, log)
+            install_wheels(spec.wheels, root, log, spec.wheel_platform)
         tmp = out.with_suffix(".tar.partial")
         subprocess.run(["tar", "-C", str(root), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."], check=True)
         os.replace(tmp, out)
@@ -350,22 +405,25 @@ def build_rootfs(spec: RootfsSpec, log=print) -> Path:
     return out
 
 
-def install_wheels(reqs: tuple[str, ...], root: Path, log=print) -> None:
-    """``pip download`` the pinned wheels (for the rootfs's python, cached in ``cache_dir()/wheels``),
-    then install them with the host's pip into ``root/ROOTFS_SITE``; console scripts go to
-    ``root/usr/local/bin`` with ``#!/usr/bin/python3``."""
+def install_wheels(reqs: tuple[str, ...], root: Path, log=print,
+                   platform: tuple[str, ...] = WHEEL_PLATFORM) -> None:
+    """``pip download`` the pinned wheels (for the rootfs's python, ``platform``: pip's platform flags;
+    cached in ``cache_dir()/wheels``), then install them with the host's pip into ``root/ROOTFS_SITE``;
+    console scripts go to ``root/usr/local/bin`` with ``#!/usr/bin/python3``."""
     import sys
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     t0 = time.monotonic()
-    subprocess.run([*pip, "download", "--no-deps", "-d", str(wheels), *WHEEL_PLATFORM, *reqs], check=True)
+    subprocess.run([*pip, "download", "--no-deps", "-d", str(wheels), *platform, *reqs], check=True)
     site = root / ROOTFS_SITE
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--find-links", str(wheels), "--target", str(site),
-                    *WHEEL_PLATFORM, *reqs], check=True)
+                    *platform, *reqs], check=True)
     bindir = root / "usr/local/bin"
     bindir.mkdir(parents=True, exist_ok=True)
     for script in sorted((site / "bin").iterdir()) if (site / "bin").is_dir() else []:
+        if not script.is_file():  # e.g. bin/__pycache__ of a wheel's .py script
+            continue
         lines = script.read_text().splitlines(keepends=True)
         if lines and lines[0].startswith("#!"):
             lines[0] = "#!/usr/bin/python3\n"
@@ -429,61 +487,97 @@ def ensure_engine_image(log=print) -> str:
     return ENGINE_IMAGE
 
 
+def ensure_gateway_image(log=print) -> str:
+    """Build (or find) the gateway image (content-hash tag) and point ``GATEWAY_IMAGE`` at it."""
+    tag = gateway_image_tag()
+    if not backend.image_id(tag):
+        base = ensure_base(GATEWAY_ROOTFS, log)
+        commit_overlay(base, gateway_overlay(), [tag, GATEWAY_IMAGE])
+        log(f"image {tag} ({GATEWAY_IMAGE}): built")
+    else:
+        if backend.image_id(GATEWAY_IMAGE) != backend.image_id(tag):
+            backend.docker("tag", tag, GATEWAY_IMAGE)
+        log(f"image {tag} ({GATEWAY_IMAGE}): cached")
+    return GATEWAY_IMAGE
+
+
 def engine_tar_name(iid: str) -> str:
     return f"engine-sim-{iid.split(':')[-1][:16]}.tar"
 
 
-def engine_image_tar(log=print) -> Path:
-    """``docker save`` of the engine image under all its names (``ENGINE_IMAGES``), cached by image ID."""
-    iid = backend.image_id(ENGINE_IMAGE)
+def gateway_tar_name(iid: str) -> str:
+    return f"gateway-{iid.split(':')[-1][:16]}.tar"
+
+
+def _image_tar(names: tuple[str, ...], tar_name, log=print) -> Path:
+    """``docker save`` of one image under all of ``names``, cached by image ID (``tar_name(iid)``)."""
+    iid = backend.image_id(names[0])
     if not iid:
-        raise RuntimeError(f"{ENGINE_IMAGE} missing; run `python -m sim build`")
-    for name in ENGINE_IMAGES[1:]:
+        raise RuntimeError(f"{names[0]} missing; run `python -m sim build`")
+    for name in names[1:]:
         if backend.image_id(name) != iid:
-            raise RuntimeError(f"{name} is not the same image as {ENGINE_IMAGE}; run `python -m sim build`")
-    out = cache_dir() / "images" / engine_tar_name(iid)
+            raise RuntimeError(f"{name} is not the same image as {names[0]}; run `python -m sim build`")
+    out = cache_dir() / "images" / tar_name(iid)
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".partial")
-        backend.docker("save", "-o", str(tmp), *ENGINE_IMAGES)
+        backend.docker("save", "-o", str(tmp), *names)
         os.replace(tmp, out)
-        log(f"saved {', '.join(ENGINE_IMAGES)} to {out}")
+        log(f"saved {', '.join(names)} to {out}")
     return out
 
 
+def engine_image_tar(log=print) -> Path:
+    """``docker save`` of the engine image under all its names (``ENGINE_IMAGES``), cached by image ID."""
+    return _image_tar(ENGINE_IMAGES, engine_tar_name, log)
+
+
+def gateway_image_tar(log=print) -> Path:
+    """``docker save`` of ``GATEWAY_IMAGE`` (its one name: nodes get no hash tag), cached by image ID."""
+    return _image_tar((GATEWAY_IMAGE,), gateway_tar_name, log)
+
+
 def build_all(log=print) -> dict:
-    """Build (or find cached) both images; debootstraps run in parallel when both are cold."""
+    """Build (or find cached) the node, engine and gateway images; cold debootstraps run in parallel."""
     from concurrent.futures import ThreadPoolExecutor
     t0 = time.monotonic()
-    with ThreadPoolExecutor(2) as ex:
-        futs = [ex.submit(build_rootfs, s, log) for s in (NODE_ROOTFS, ENGINE_ROOTFS)
+    with ThreadPoolExecutor(3) as ex:
+        futs = [ex.submit(build_rootfs, s, log) for s in (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS)
                 if not backend.image_id(f"dspark-sim-{s.kind}-base:{s.key()}")]
         for f in futs:
             f.result()
     node = ensure_node_image(log)
     engine = ensure_engine_image(log)
     engine_image_tar(log)
+    gateway = ensure_gateway_image(log)
+    gateway_image_tar(log)
     prune_stale(log)
     return {"node_image": node, "engine_image": engine, "engine_images": list(ENGINE_IMAGES),
-            "engine_image_id": backend.image_id(engine), "seconds": round(time.monotonic() - t0, 1)}
+            "engine_image_id": backend.image_id(engine), "gateway_image": gateway,
+            "gateway_image_id": backend.image_id(gateway), "seconds": round(time.monotonic() - t0, 1)}
 
 
 def prune_stale(log=print) -> list[str]:
     """Drop sim image tags and cached tarballs of older inputs (images in use are kept)."""
-    keep = {node_image_tag(), engine_image_tag(), *ENGINE_IMAGES,
-            f"dspark-sim-node-base:{NODE_ROOTFS.key()}", f"dspark-sim-engine-base:{ENGINE_ROOTFS.key()}"}
+    keep = {node_image_tag(), engine_image_tag(), *ENGINE_IMAGES, gateway_image_tag(), GATEWAY_IMAGE,
+            *(f"dspark-sim-{spec.kind}-base:{spec.key()}" for spec in (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS))}
     r = backend.docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False)
     removed = []
     for ref in r.stdout.split():
         repo, _, tag = ref.partition(":")
-        ours = repo in ("dspark-sim-node", "dspark-sim-node-base", "dspark-sim-engine-base") or \
-            (repo == "sglang-sim" and tag.startswith("td-"))
+        ours = repo in ("dspark-sim-node", "dspark-sim-node-base", "dspark-sim-engine-base",
+                        "dspark-sim-gateway-base") or \
+            (repo == "sglang-sim" and tag.startswith("td-")) or \
+            (repo == "deepseek-spark-gateway" and tag.startswith("sim-"))
         if ours and ref not in keep and backend.docker("rmi", ref, check=False).returncode == 0:
             removed.append(ref)
-    keep_files = {rootfs_path(NODE_ROOTFS).name, rootfs_path(ENGINE_ROOTFS).name}
+    keep_files = {rootfs_path(spec).name for spec in (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS)}
     iid = backend.image_id(ENGINE_IMAGE)
     if iid:
         keep_files.add(engine_tar_name(iid))
+    gid = backend.image_id(GATEWAY_IMAGE)
+    if gid:
+        keep_files.add(gateway_tar_name(gid))
     for sub in ("rootfs", "images"):
         d = cache_dir() / sub
         for p in d.glob("*.tar") if d.is_dir() else []:
