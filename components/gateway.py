@@ -2,7 +2,7 @@
 
 Keys are generated where Pulumi runs (or taken from the `memberKeys` secret) and kept in the state as
 secrets; each member's key is registered in the gateway's database by a remote command whose delete
-revokes it, so adding, rotating or revoking one member is that member's resources changing and nothing
+revokes the member's keys (a rotation: the old key first, then the new one), so adding, rotating or revoking one member is that member's resources changing and nothing
 else: no rank, router or gateway container is replaced. The containers are replaced only when the
 gateway's files, image or secrets change.
 """
@@ -106,11 +106,13 @@ class Gateway(pulumi.ComponentResource):
             self.members[m.name] = remote.Command(
                 f"{name}-member-{m.name}", connection=conn, create=m.add, update=m.add, delete=m.revoke,
                 stdin=key,
-                # A new key is a new record (the old one revoked after it); a scope change updates the record.
+                # A new key is a new record; a scope change updates the record in place.
                 triggers=[key],
                 logging=remote.Logging.STDOUT,
                 opts=pulumi.ResourceOptions(
                     parent=self,
+                    # delete revokes every key of the member: the old key goes before the new one is added.
+                    delete_before_replace=True,
                     # The admin script runs in the gateway container (its python, psycopg and database).
                     depends_on=[self.container],
                 ),

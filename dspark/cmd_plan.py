@@ -130,7 +130,19 @@ def build(stack: Stack) -> dict[str, Any]:
                                                            "command": sp.group.fabric_gate},  # fmt: skip
         "summary": sp.planes,
     }
+    doc["gateway"] = _gateway(stack)
     return doc
+
+
+def _gateway(stack: Stack) -> dict | None:
+    """The team gateway in front of the stack (the same plan the program builds it from); None without one."""
+    sc = stack.config
+    if sc is None or sc.gateway is None or rules.check_stack(sc, stack.short)[0]:
+        return None
+    gp = stackplan.build_stack(sc, stack.short).gateway
+    return {"node": gp.node.name, "endpoint": gp.endpoint, "upstream": gp.upstream, "image": gp.image,
+            "containers": [gp.gateway.name, gp.database.name], "volume": gp.volume, "keep_data": gp.keep_data,
+            "members": [m.name for m in gp.members]}  # fmt: skip
 
 
 def _text(doc: dict, stack: Stack) -> str:
@@ -140,6 +152,11 @@ def _text(doc: dict, stack: Stack) -> str:
     ep = f", EP {s.ep_size}" if cfg.engine == "sglang" else ""
     out.append(f"stack {doc['stack']}: {cfg.engine}, topology {cfg.topology}, TP {s.tp_size}{ep}, {len(cfg.nodes)} nodes")
     out.append(f"endpoint {doc['endpoint']}  model {doc['model']}")
+    gw = doc.get("gateway")
+    if gw:
+        out.append(f"gateway {gw['endpoint']} on {gw['node']} (LiteLLM, {gw['image']}) in front of {gw['upstream']}; "
+                   f"members: {', '.join(gw['members']) or 'none'}; database volume {gw['volume']}"
+                   f"{' (kept on destroy)' if gw['keep_data'] else ''}")  # fmt: skip
     src = "downloaded per node" if cfg.model.source == "download" else f"shared ({cfg.share.mode})"
     out.append(f"checkpoint {cfg.model.checkpoint_dir} @ {cfg.model.revision}, {src}")
     v = doc["validation"]

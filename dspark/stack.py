@@ -14,7 +14,7 @@ import yaml
 from declared import config
 from dspark import clients
 from planning import plan, stackplan
-from declared.config import ClusterConfig
+from declared.config import ClusterConfig, StackConfig
 
 CONFIG_KEY = f"{config.PROJECT}:{config.CLUSTER_KEY}"
 
@@ -53,6 +53,7 @@ class Stack:
     outputs_file: Optional[str] = None
     group: Optional[str] = None  # --group, in a stack with `groups`
     routed: bool = False  # a router is in front of the group(s)
+    config: Optional[StackConfig] = None  # the whole stack (groups, router, gateway)
     read_outputs: Callable[[Optional[str], Optional[str]], dict] = clients.read_outputs
     _outputs: Optional[dict] = field(default=None, repr=False)
     _outputs_error: Optional[str] = field(default=None, repr=False)
@@ -148,11 +149,11 @@ def load(name: str, project_dir: str | Path = ".", outputs_file: Optional[str] =
     names = [e.name for e in sc.groups if e.name]
     if sc.single is not None and group is None:
         return Stack(name=name, project_dir=directory, cfg=sc.single, outputs_file=outputs_file,
-                     routed=sc.router is not None)  # fmt: skip
+                     routed=sc.router is not None, config=sc)  # fmt: skip
     entry = next((e for e in sc.groups if e.name and e.name == group), None)
     if entry is None:
         have = f"its groups are {', '.join(names)}" if names else "it has no groups"
         raise DsparkError(f"stack {short_name(name)}: {'pass --group' if group is None else f'no group {group!r}'}; "
                           f"{have}")  # fmt: skip
     return Stack(name=name, project_dir=directory, cfg=entry.cfg, outputs_file=outputs_file, group=entry.name,
-                 routed=sc.router is not None)  # fmt: skip
+                 routed=sc.router is not None, config=sc)  # fmt: skip

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 q = shlex.quote
 
 PROGRAMS = Path(__file__).parent.parent / "programs" / "gateway"
-FILES = ("dspark_gateway.py", "gateway_admin.py", "start-gateway", "start-db")
+FILES = ("dspark_gateway.py", "gateway_hooks.py", "gateway_admin.py", "start-gateway", "start-db")
 ETC = "/etc/dspark-gateway"  # in both containers
 SECRETS = "/run/dspark-gateway/secrets.env"
 DB_DATA = "/var/lib/postgresql/data"
@@ -52,7 +52,7 @@ class MemberKeyPlan:
     """One member: their key's record in the gateway's database (added, updated in place, revoked)."""
 
     name: str
-    add: str  # the key on stdin; prints the key's sha256, which `revoke` reads back
+    add: str  # the key on stdin; prints the key's sha256
     revoke: str
     rotation: int
 
@@ -161,10 +161,11 @@ def member_add(container: str, m: MemberConfig) -> str:
     return f"docker exec -i {q(container)} {ADMIN} add {' '.join(args)}\n"
 
 
-def member_revoke(container: str) -> str:
-    """Remote command (delete): revoke the key whose sha256 the add step printed (pulumi-command hands the
-    last stdout to delete as PULUMI_COMMAND_STDOUT). Its usage rows stay."""
-    return f'docker exec {q(container)} {ADMIN} revoke --hash "$PULUMI_COMMAND_STDOUT"\n'
+def member_revoke(container: str, member: str) -> str:
+    """Remote command (delete): revoke every key of `member`; the usage rows stay. By name, not by the key's
+    hash the add step printed: pulumi-command hands that to delete as PULUMI_COMMAND_STDOUT through ssh's
+    Setenv, which sshd drops unless its AcceptEnv names it (DGX OS accepts LANG and LC_* only)."""
+    return f"docker exec {q(container)} {ADMIN} revoke --member {q(member)}\n"
 
 
 def secrets_env(admin_key: str, metrics_key: str, upstream_key: str, db_password: str, db_port: int) -> str:
@@ -210,7 +211,7 @@ def build(
         database=ContainerPlan(f"{name}-db", ("sh", f"{ETC}/start-db", str(gw.database_port)),
                                ((DB_DATA, f"{name}-db", "volume", False), *shared), gw.database_memory_mib),
         gateway=ContainerPlan(name, ("sh", f"{ETC}/start-gateway", "0.0.0.0", str(gw.port)), shared, gw.memory_mib),
-        members=tuple(MemberKeyPlan(m.name, member_add(name, m), member_revoke(name), m.rotation) for m in gw.members),
+        members=tuple(MemberKeyPlan(m.name, member_add(name, m), member_revoke(name, m.name), m.rotation) for m in gw.members),
         readiness=readiness,
         readiness_timeout_minutes=readiness_timeout_minutes,
         metrics=f"{gw.address or host}:{gw.port}",

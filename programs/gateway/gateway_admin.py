@@ -1,12 +1,13 @@
 """The team gateway's key and usage records (runs inside the gateway container, its python3 and psycopg).
 
 The program registers each member's key with `add` (the key on stdin, never in argv), which prints the
-key's record (its sha256, the only thing the delete step needs) and revokes it with `revoke`. The
+key's sha256, and revokes the member's keys with `revoke --member` (the delete step: it cannot read the
+add step's output, since pulumi-command hands it over as an environment variable that sshd drops). The
 LiteLLM hook (dspark_gateway.py) reads the same table on every request, so a revocation holds from the
 next request on, without a restart. Usage rows are never deleted: they outlive the keys.
 
     python3 gateway_admin.py add --member alice [--models m1,m2] [--rpm 60] [--tpm 100000] < key
-    python3 gateway_admin.py revoke --hash <sha256>
+    python3 gateway_admin.py revoke --member alice    # or --hash <sha256>: one key
     python3 gateway_admin.py usage            # JSON: per member requests, failures, tokens
     python3 gateway_admin.py keys             # JSON: members and whether their key is active
 """
@@ -114,14 +115,16 @@ def add(args: argparse.Namespace) -> int:
 
 
 def revoke(args: argparse.Namespace) -> int:
-    if not re.fullmatch(r"[0-9a-f]{64}", args.hash or ""):
+    """Revoke every active key of `--member` (what the program's delete step runs), or one key by `--hash`."""
+    if args.hash is not None and not re.fullmatch(r"[0-9a-f]{64}", args.hash):
         print(f"revoke: --hash must be a key's sha256 (got {args.hash!r})", file=sys.stderr)
         return 2
+    column, value = ("member", args.member) if args.member else ("key_hash", args.hash)
     with connect(args.wait) as conn:
         n = conn.execute(
-            "UPDATE dspark_keys SET revoked_at = now() WHERE key_hash = %s AND revoked_at IS NULL", (args.hash,)
+            f"UPDATE dspark_keys SET revoked_at = now() WHERE {column} = %s AND revoked_at IS NULL", (value,)
         ).rowcount
-    print(f"revoked {n} key(s)")
+    print(f"revoked {n} key(s) of {args.member}" if args.member else f"revoked {n} key(s)")
     return 0
 
 
@@ -159,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--rpm", type=int)
     a.add_argument("--tpm", type=int)
     r = sub.add_parser("revoke")
-    r.add_argument("--hash", required=True)
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--member")
+    which.add_argument("--hash")
     for name in ("usage", "keys", "init"):
         sub.add_parser(name)
     args = p.parse_args(argv)

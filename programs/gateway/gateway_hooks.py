@@ -1,4 +1,4 @@
-"""LiteLLM proxy hooks of the team gateway (mounted next to its config.yaml; LiteLLM imports it by name).
+"""LiteLLM proxy hooks of the team gateway (mounted next to its config.yaml, imported through dspark_gateway.py).
 
 - `user_api_key_auth` (general_settings.custom_auth): every request's key is looked up, by its sha256,
   in the gateway's PostgreSQL table `dspark_keys` (gateway_admin.py writes it), so a revoked key gets 401
@@ -84,7 +84,8 @@ async def user_api_key_auth(request: Any, api_key: str) -> UserAPIKeyAuth:
         if not request.url.path.startswith("/metrics"):
             REJECTED.inc("route")
             raise HTTPException(status_code=403, detail="the metrics key may read /metrics only")
-        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN_VIEW_ONLY, key_alias="metrics")
+        # LiteLLM lets only its proxy admin read /metrics; this key reaches no other route (above).
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN, key_alias="metrics", user_id="metrics")
     try:
         rows = await DB.run(
             "SELECT member, models, rpm_limit, tpm_limit FROM dspark_keys WHERE key_hash = %s AND revoked_at IS NULL",
@@ -192,10 +193,7 @@ class UsageCollector:
 
 
 _COLLECTOR = UsageCollector()
-try:
-    REGISTRY.register(_COLLECTOR)
-except ValueError:  # imported twice (LiteLLM loads the module for each setting that names it)
-    pass
+REGISTRY.register(_COLLECTOR)
 
 
 class UsageLogger(CustomLogger):

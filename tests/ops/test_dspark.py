@@ -113,6 +113,16 @@ def test_plan_matches_what_the_program_registers():
         assert labels[plan.REVISION_LABEL] == doc["group_revision"]
 
 
+def test_plan_shows_the_gateway_the_program_registers():
+    rec = harness.run_program("sim-team")
+    code, out, _ = run(args("plan", "sim-team", None, ROOT, "--json"))
+    gw = json.loads(out)["gateway"]
+    assert gw["endpoint"] == rec.outputs["endpoint"] and gw["members"] == harness.reveal(rec.outputs["gateway"])["members"]
+    names = {r.plain["name"] for r in rec.of_type("docker:index/container:Container")}
+    assert set(gw["containers"]) <= names
+    assert json.loads(run(args("plan", "tp3", None, ROOT, "--json"))[1])["gateway"] is None
+
+
 def test_plan_prints_no_secret(tmp_path):
     cluster = harness.cluster_of("tp4")
     project = write_stack(tmp_path, "tp4", cluster, {

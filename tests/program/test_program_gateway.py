@@ -42,7 +42,7 @@ def test_a_members_key_reaches_only_their_registration_on_stdin(rec):
     add = rec.named("sim-team-gateway-member-alice")
     assert add.inputs["stdin"] == Secret(ALICE)
     assert add.plain["create"] == add.plain["update"]  # a scope change updates the record in place
-    assert "revoke" in add.plain["delete"]
+    assert add.plain["delete"].endswith("revoke --member alice\n") and add.delete_before_replace
     holders = [r.name for r in rec.resources if ALICE in str(reveal(r.inputs))]
     assert holders == ["sim-team-gateway-member-alice"]
 

@@ -31,7 +31,8 @@ def test_member_commands_quote_every_value_and_never_carry_the_key():
     add = gateway.member_add("st-gateway", m)
     assert add == ("docker exec -i st-gateway python3 /etc/dspark-gateway/gateway_admin.py add --member al.ice "
                    "--models deepseek-v4.1-flash --rpm 60 --tpm 1000\n")
-    assert gateway.member_revoke("st-gateway").endswith('revoke --hash "$PULUMI_COMMAND_STDOUT"\n')
+    revoke = gateway.member_revoke("st-gateway", "al'ice")
+    assert revoke.endswith("revoke --member 'al'\"'\"'ice'\n") and "PULUMI_COMMAND" not in revoke
 
 
 def test_the_secrets_file_is_shell_quoted_and_sourceable(tmp_path):

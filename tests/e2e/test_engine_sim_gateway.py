@@ -1,0 +1,243 @@
+"""Team access: the stack `sim-team` (sim-tp2's vLLM group, the vllm-sim TEST DOUBLE) behind the team
+gateway, REAL LiteLLM 1.110.2 and PostgreSQL 15 in containers on the head, through the real Pulumi engine.
+
+preview -> up -> two members answer with their own keys (env files from `dspark.clients --member`), wrong,
+missing and internal keys get 401 from the gateway, and a member's key gets 401 from the engine -> what the
+gateway adds to a request (printed) -> bob is revoked by a config change whose preview replaces nothing,
+and gets 401 within moments of the database's revocation while alice keeps streaming -> usage per member
+on the gateway's /metrics -> a gateway restart keeps keys and usage -> no-op up -> destroy keeps the
+gateway's database volume.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from e2e.conftest import containers_of, node_sh, openai_client, resources_summary
+from e2e.timings import TIMINGS
+
+pytestmark = pytest.mark.e2e
+STACK = "sim-team"
+SIM_NODES = 2
+NODES = ("spark1", "spark2")
+GATEWAY, DB = "sim-team-gateway", "sim-team-gateway-db"
+PROMPT = [{"role": "user", "content": "What is 19 + 23?"}]
+
+
+def member_env(project, tmp_path, member: str) -> dict[str, str]:
+    """`python -m dspark.clients --stack sim-team --member NAME --format openai-env`: that member's file."""
+    out = tmp_path / f"{member}.env"
+    proc = subprocess.run([sys.executable, "-m", "dspark.clients", "--stack", STACK, "--member", member, "--format",
+                           "openai-env", "--out", str(out)], cwd=project.work_dir, env=project.env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split("=", 1) for line in out.read_text().splitlines() if line and not line.startswith("#"))
+
+
+def status_of(base_url: str, key: str | None, model: str = "deepseek-v4.1-flash") -> int:
+    body = json.dumps({"model": model, "messages": PROMPT, "max_tokens": 8}).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(base_url + "/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def metrics(url: str, key: str) -> dict[tuple[str, ...], float]:
+    """The gateway's dspark_gateway_* series, read with the metrics key."""
+    req = urllib.request.Request(url.removesuffix("/v1") + "/metrics/", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            text = resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"/metrics/ answered {exc.code}") from None
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("dspark_gateway_") and "{" in line:
+            name, rest = line.split("{", 1)
+            labels, value = rest.rsplit("} ", 1)
+            out[(name, *sorted(labels.split(",")))] = float(value)
+    return out
+
+
+def requests_of(series: dict, member: str) -> float:
+    return series.get(("dspark_gateway_requests_total", f'member="{member}"', 'status="success"'), 0)
+
+
+def admin(cmd: str) -> str:
+    return node_sh("spark1", f"docker exec {GATEWAY} python3 /etc/dspark-gateway/gateway_admin.py {cmd}")
+
+
+def wait_ready(url: str, key: str, seconds: float = 120) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        try:
+            if status_of(url, key) == 200:
+                return time.monotonic() - t0
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the gateway did not answer within {seconds} s")
+
+
+@pytest.fixture(scope="module")
+def first(project, tmp_path_factory):
+    preview = project.timed("sim-team: preview --diff (policy pack)", project.preview()).check()
+    t0 = time.monotonic()
+    project.up().check()
+    TIMINGS["sim-team: first up (gateway ready)"] = time.monotonic() - t0
+    tmp = tmp_path_factory.mktemp("members")
+    outputs = project.outputs()
+    return preview, outputs, member_env(project, tmp, "alice"), member_env(project, tmp, "bob")
+
+
+def test_two_members_answer_through_the_gateway_with_their_own_keys(first, project):
+    preview, outputs, alice, bob = first
+    assert "to create" in resources_summary(preview.text)
+    assert outputs["endpoint"] == "http://172.30.99.11:4000/v1" == alice["OPENAI_BASE_URL"] == bob["OPENAI_BASE_URL"]
+    assert alice["OPENAI_API_KEY"] != bob["OPENAI_API_KEY"] != project.api_key
+    for env in (alice, bob):
+        client, model = openai_client(env)
+        answer = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=32)
+        assert "42" in answer.choices[0].message.content
+        stream = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=32, stream=True)
+        assert "42" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert json.loads(admin("keys")) == {"alice": "active", "bob": "active"}
+    gw = outputs["gateway"]
+    assert gw["node"] == "spark1" and gw["members"] == ["alice", "bob"]
+    assert outputs["client_config"]["api_key"] == gw["admin_key"] not in (alice["OPENAI_API_KEY"], bob["OPENAI_API_KEY"])
+
+
+def test_wrong_missing_and_internal_keys_get_401_and_a_member_key_never_reaches_a_rank(first, project):
+    _, outputs, alice, _ = first
+    url = outputs["endpoint"]
+    assert status_of(url, None) == 401
+    assert status_of(url, "sk-wrong-" + "x" * 40) == 401
+    assert status_of(url, project.api_key) == 401  # the internal key is the gateway's, not a client's
+    upstream = outputs["gateway"]["upstream"]
+    assert status_of(upstream, alice["OPENAI_API_KEY"]) == 401  # the engine knows only the internal key
+    bad, model = openai_client(alice, key="sk-wrong-" + "x" * 40)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=model, messages=PROMPT, max_tokens=8)
+    # the gateway's secrets are in a 0600 file, not in the containers' environment
+    env = node_sh("spark1", f"docker inspect --format '{{{{json .Config.Env}}}}' {GATEWAY} {DB}")
+    assert project.api_key not in env and alice["OPENAI_API_KEY"] not in env and outputs["gateway"]["admin_key"] not in env
+
+
+def test_what_the_gateway_adds_to_a_request(first, project):
+    """Benchmark (numbers printed, nothing timed asserted): the same request through the gateway with a member's
+    key and straight to the engine with the internal key, sequentially."""
+    _, outputs, alice, _ = first
+    key, url, upstream = alice["OPENAI_API_KEY"], outputs["endpoint"], outputs["gateway"]["upstream"]
+
+    def median_ms(base, k, n=30):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            assert status_of(base, k) == 200
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+
+    via, direct = median_ms(url, key), median_ms(upstream, project.api_key)
+    TIMINGS["sim-team: request via gateway, median ms"] = via
+    TIMINGS["sim-team: request to the engine, median ms"] = direct
+    TIMINGS["sim-team: gateway adds, median ms"] = via - direct
+    print(f"\ngateway: {via:.1f} ms median, engine direct: {direct:.1f} ms, the gateway adds {via - direct:.1f} ms")
+
+
+def test_revoking_bob_replaces_nothing_and_his_key_fails_at_once_while_alice_streams(first, project):
+    _, outputs, alice, bob = first
+    url = outputs["endpoint"]
+    before = containers_of(STACK, NODES)
+    project.cli("config", "rm", "--path", "deepseek-spark:cluster.gateway.members[1]").check()
+    preview = project.preview().check()
+    summary = resources_summary(preview.text)
+    assert "2 to delete" in summary and "to replace" not in summary and "to update" not in summary, summary
+    assert "sim-team-gateway-member-bob" in preview.text and "sim-team-gateway-key-bob" in preview.text
+
+    stop, alice_results, bob_401_at = threading.Event(), [], []
+
+    def alice_streams():
+        client, model = openai_client(alice)
+        while not stop.is_set():
+            try:
+                stream = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=32, stream=True)
+                alice_results.append("42" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+            except openai.OpenAIError as exc:
+                alice_results.append(repr(exc))
+
+    def bob_polls():
+        while not stop.is_set() and not bob_401_at:
+            if status_of(url, bob["OPENAI_API_KEY"]) == 401:
+                bob_401_at.append(time.time())
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=alice_streams), threading.Thread(target=bob_polls)]
+    for t in threads:
+        t.start()
+    try:
+        run = project.timed("sim-team: up revoking bob", project.up()).check()
+        deadline = time.monotonic() + 10
+        while not bob_401_at and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert "2 deleted" in resources_summary(run.text) and "replaced" not in resources_summary(run.text)
+    assert containers_of(STACK, NODES) == before  # no rank, no gateway container was replaced
+    assert bob_401_at, "bob's key still answered 10 s after the up that revoked it"
+    revoked_at = float(node_sh("spark1", f"docker exec {DB} runuser -u postgres -- psql -h /tmp -p 5433 -d dspark -tAc "
+                                         "\"SELECT extract(epoch FROM revoked_at) FROM dspark_keys WHERE member = 'bob'\"").strip())  # fmt: skip
+    TIMINGS["sim-team: revocation commit to first 401, ms"] = (bob_401_at[0] - revoked_at) * 1000
+    print(f"\nrevocation: first 401 {1000 * (bob_401_at[0] - revoked_at):.0f} ms after the database's revocation")
+    assert alice_results and all(r is True for r in alice_results), alice_results
+    TIMINGS["sim-team: alice's streams during the revoking up"] = len(alice_results)
+    assert status_of(url, bob["OPENAI_API_KEY"]) == 401 and status_of(url, alice["OPENAI_API_KEY"]) == 200
+    assert json.loads(admin("keys")) == {"alice": "active", "bob": "revoked"}
+
+
+def test_usage_per_member_is_scraped_and_survives_a_gateway_restart(first, project):
+    _, outputs, alice, bob = first
+    url, metrics_key = outputs["endpoint"], project.outputs()["gateway"]["metrics_key"]
+    before = metrics(url, metrics_key)
+    assert requests_of(before, "alice") >= 30 and requests_of(before, "bob") >= 2, before
+    assert before[("dspark_gateway_tokens_total", 'kind="completion"', 'member="alice"')] > 0
+    assert before.get(("dspark_gateway_rejected_total", 'reason="invalid_or_revoked"'), 0) >= 1, before
+    with pytest.raises(AssertionError):
+        metrics(url, alice["OPENAI_API_KEY"])  # a member's key cannot read /metrics
+    usage = json.loads(admin("usage"))
+    assert usage["alice"]["requests"] == requests_of(before, "alice") + usage["alice"]["failures"]
+
+    t0 = time.monotonic()
+    node_sh("spark1", f"docker restart {DB} {GATEWAY}")
+    TIMINGS["sim-team: gateway restart to first answer"] = wait_ready(url, alice["OPENAI_API_KEY"]) + time.monotonic() - t0
+    assert status_of(url, bob["OPENAI_API_KEY"]) == 401  # the revocation survived
+    after = metrics(url, metrics_key)
+    assert requests_of(after, "alice") >= requests_of(before, "alice") + 1  # counted from the database, plus one
+    assert requests_of(after, "bob") == requests_of(before, "bob")
+
+
+def test_second_up_changes_nothing(first, project):
+    before = containers_of(STACK, NODES)
+    run = project.timed("sim-team: no-op up", project.up()).check()
+    summary = resources_summary(run.text)
+    assert "unchanged" in summary and not any(w in summary for w in ("created", "updated", "replaced", "deleted"))
+    assert containers_of(STACK, NODES) == before
+
+
+def test_destroy_keeps_the_gateways_database(first, project):
+    project.destroy().check()
+    assert containers_of(STACK, NODES) == {}
+    assert DB in node_sh("spark1", "docker volume ls --format '{{.Name}}'").split()
+    node_sh("spark1", f"docker volume rm {DB}")  # the next scenario starts from a fresh node
