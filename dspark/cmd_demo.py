@@ -2,7 +2,7 @@
 then a streamed answer. It leaves the stack running; run it again for a no-op `up`.
 
 1. the simulated cluster (`sim/`): created, or reused when it is already up with the stack's node
-   count (sim: 3 nodes, sim-tp2: 2, sim-x2: 4);
+   count (sim: 3 nodes, sim-tp2: 2, sim-x2: 4, sim-team: 2);
 2. a project-local state folder, `.dspark-demo/` in the project directory: a file backend, the
    Pulumi home, a passphrase file for the stack's secrets (0600), and `project/`, where the engine
    runs: Pulumi.yaml and the stack file copied (the stack's encrypted secrets are written there, so
@@ -39,7 +39,7 @@ from . import inline
 from .stack import DsparkError
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM_STACKS = {"sim": 3, "sim-tp2": 2, "sim-x2": 4}  # stack -> nodes of the simulated cluster
+SIM_STACKS = {"sim": 3, "sim-tp2": 2, "sim-x2": 4, "sim-team": 2}  # stack -> nodes of the simulated cluster
 CLUSTER = "sim"  # the cluster every sim stack file points at (its ssh key and known_hosts)
 STATE = ".dspark-demo"
 LINKED = ("__main__.py", "declared", "planning", "components", "programs", "dspark", "policy", "sim")  # the code the engine runs, linked
@@ -193,6 +193,8 @@ class Demo:
             f"export {env} PATH=$PWD/.venv/bin:$PATH   # this demo's backend and CLI",
             f"pulumi stack output --stack {self.stack} --json --show-secrets client_config",
             f".venv/bin/python -m dspark.clients --stack {self.stack} --format openai-env   # an .env for OpenAI SDKs",
+            *([f".venv/bin/python -m dspark.clients --stack {self.stack} --member alice --format openai-env   "
+               "# alice's own key, through the gateway"] if self.stack == "sim-team" else []),
             f".venv/bin/python -m dspark status --stack {self.stack}" + (" --group a" if self.stack == "sim-x2" else ""),
             f".venv/bin/python -m dspark logs --stack {self.stack} --tail 20" + (" --group a" if self.stack == "sim-x2" else ""),
             f".venv/bin/python -m dspark smoke --stack {self.stack}",

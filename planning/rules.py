@@ -663,6 +663,13 @@ def _router_node(sc: StackConfig, stack: str = "") -> list[Finding]:
                     f"use one of {', '.join(names)}")]  # fmt: skip
 
 
+def node_ports(cfg: ClusterConfig, node) -> dict[int, str]:
+    """The ports a node of group `cfg` already uses: ssh, Ray's dashboard, the group's serving ports."""
+    engine_port = ("distPort", cfg.serving.dist_port) if cfg.engine == "sglang" else ("rayPort", cfg.serving.ray_port)
+    return {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
+            cfg.serving.port: "the group's serving.port", engine_port[1]: f"the group's serving.{engine_port[0]}"}
+
+
 @stack_rule("router-port-free")
 def _router_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
     where = router_group(sc)
@@ -672,9 +679,7 @@ def _router_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
     if where is not None:
         cfg = sc.groups[where[0]].cfg
         node = cfg.nodes[where[1]]
-        engine_port = ("distPort", cfg.serving.dist_port) if cfg.engine == "sglang" else ("rayPort", cfg.serving.ray_port)
-        taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
-                 cfg.serving.port: "the group's serving.port", engine_port[1]: f"the group's serving.{engine_port[0]}"}  # fmt: skip
+        taken = node_ports(cfg, node)
         on = f" on {node.name}"
     fix = f"use the reference's router ports: port 8889, metricsPort 29000{' (free' + on + ')' if on else ''}"
     out = [Finding("router-port-free", f"router.{label}", port, f"is {taken[port]}{on}", fix)
@@ -736,9 +741,7 @@ def _gateway_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
         return []
     gw, cfg = sc.gateway, sc.groups[where[0]].cfg
     node = cfg.nodes[where[1]]
-    engine_port = ("distPort", cfg.serving.dist_port) if cfg.engine == "sglang" else ("rayPort", cfg.serving.ray_port)
-    taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
-             cfg.serving.port: "the group's serving.port", engine_port[1]: f"the group's serving.{engine_port[0]}"}  # fmt: skip
+    taken = node_ports(cfg, node)
     if sc.router is not None and sc.router.node == node.name:
         taken.update({sc.router.port: "router.port", sc.router.metrics_port: "router.metricsPort"})
     fix = f"pick free ports on {node.name}: the defaults are port 4000, databasePort 5433"

@@ -109,3 +109,17 @@ def test_gateway_limits_that_do_not_fit_beside_the_rank_are_a_warning_naming_the
     assert found and "on spark1" in found[0].problem and "hostReserveGiB" in found[0].fix
     gp = stackplan.build_stack(_team(), "st").gateway
     assert (gp.gateway.memory_mib, gp.database.memory_mib) == (1024, 512)
+
+
+def test_the_prometheus_output_and_dashboard_cover_the_gateway_per_member():
+    from planning import monitoring
+
+    cp = stackplan.build_stack(_team(), "st")
+    job = next(c for c in monitoring.scrape_configs(cp) if c["job_name"] == "st-gateway")
+    assert job["metrics_path"] == "/metrics/" and job["static_configs"][0]["targets"] == ["172.30.99.11:4000"]
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": "/etc/prometheus/st-gateway-metrics-key"}
+    exprs = [t["expr"] for p in monitoring.dashboard(monitoring.scrape_configs(cp), "st")["panels"] for t in p["targets"]]
+    for series in monitoring.SERIES["gateway"]:
+        assert any(series in e and "by (member" in e or series.endswith("rejected_total") and series in e for e in exprs)
+    no_gateway = stackplan.build_stack(parse_stack(with_known_hosts(cluster_of("sim-tp2"))), "st")
+    assert not [c for c in monitoring.scrape_configs(no_gateway) if c["job_name"].endswith("-gateway")]
