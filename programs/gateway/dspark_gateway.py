@@ -2,4 +2,6 @@
 setting that names it (importlib, by path), so the hooks and their state (the database connection, the
 usage totals, the Prometheus collector) live in gateway_hooks, imported once through sys.path."""
 
-from gateway_hooks import usage_logger, user_api_key_auth  # noqa: F401
+from gateway_hooks import usage_logger, user_api_key_auth
+
+__all__ = ["usage_logger", "user_api_key_auth"]
