@@ -136,8 +136,13 @@ class Stack:
         return self.planned_revision(), "config"
 
     def endpoint(self) -> str:
-        """The group's own endpoint (rank 0): health and status are about the group, not the router."""
-        value = self.output("endpoint") if not self.routed else self._group_output().get("endpoint")
+        """The group's own endpoint (rank 0): health and status are about the group, not the router nor
+        the gateway (whose `endpoint` output is the gateway's: its `upstream` is the group's)."""
+        if self.routed:
+            value = self._group_output().get("endpoint")
+        else:
+            gateway = self.output("gateway")
+            value = (gateway.get("upstream") if isinstance(gateway, dict) else None) or self.output("endpoint")
         return value if isinstance(value, str) and value else plan.endpoint(self.cfg)
 
 

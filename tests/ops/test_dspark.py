@@ -14,7 +14,7 @@ import yaml
 
 import harness
 from planning import commands, plan
-from declared.config import parse_cluster
+from declared.config import parse_cluster, parse_stack
 from dspark import nodes as dnodes
 from dspark.__main__ import main
 from programs import probe
@@ -190,6 +190,23 @@ def test_status_healthy(tmp_path):
     assert [r["gpu_memory_used_mib"] for r in doc["ranks"]] == [40960] * 3
     assert doc["ranks"][0]["started_at"] == "2025-06-01T10:00:00Z" and doc["ranks"][0]["finished_at"] is None
     assert fake.hosts_called() == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+
+
+def test_status_behind_the_gateway_checks_the_groups_own_endpoint_not_the_gateways(tmp_path):
+    """sim-team's `endpoint` output is the gateway's (its /health wants a key); the group's is `gateway.upstream`."""
+    cfg = parse_stack(harness.cluster_of("sim-team")).single
+    rev = plan.group_revision(plan.group_specs(cfg, "sim-team"), plan.image_build_digest(cfg))
+    fake = cluster_for(cfg, "sim-team", rev, log="INFO Application startup complete.\n")
+    with FakeEndpoint() as ep:
+        path = tmp_path / "o.json"
+        outputs(path, closed_url(), rev)
+        data = json.loads(path.read_text())
+        data["gateway"] = {"endpoint": data["endpoint"], "upstream": ep.base_url, "members": ["alice"]}
+        path.write_text(json.dumps(data))
+        code, out, _ = run(args("status", "sim-team", str(path), ROOT, "--json"), runner=fake)
+    doc = json.loads(out)
+    assert doc["health"]["url"] == ep.base_url.removesuffix("/v1") + "/health" and doc["health"]["status"] == 200
+    assert code == 0 and doc["verdict"] == "healthy", doc["problems"]
 
 
 def test_status_finds_a_stopped_rank_down_and_says_how_to_repair(tmp_path):
