@@ -337,7 +337,23 @@ class MemberConfig(_Strict):
     models: list[Name] = Field(default_factory=list, description="served models this key may call (default: all)")
     rpm_limit: int | None = Field(default=None, ge=1, le=1_000_000, description="requests per minute (LiteLLM enforces it)")
     tpm_limit: int | None = Field(default=None, ge=1, le=10**9, description="tokens per minute (LiteLLM enforces it)")
+    # A budget in tokens, not dollars: the model runs on the team's own Sparks, so LiteLLM's USD budgets (its
+    # price table, its Prisma-backed spend) have nothing to count; the gateway's hook counts the usage table.
+    token_budget: int | None = Field(
+        default=None, ge=1, le=10**12,
+        description="prompt + completion tokens per budgetPeriod; beyond it the gateway answers 429 until the period ends",
+    )
+    budget_period: Literal["day", "week", "month"] = Field(
+        default="month", description="the budget's period, in UTC (a week starts on Monday)"
+    )
     rotation: int = Field(default=0, ge=0, le=10**6, description="raise it to issue the member a new generated key")
+
+    @model_validator(mode="after")
+    def _period_needs_budget(self) -> "MemberConfig":
+        if "budget_period" in self.model_fields_set and self.token_budget is None:
+            raise ValueError(f"budgetPeriod: {self.budget_period!r} without tokenBudget limits nothing; "
+                             "fix: set tokenBudget (tokens per period) or remove budgetPeriod")  # fmt: skip
+        return self
 
 
 class GatewayConfig(_Strict):

@@ -158,6 +158,8 @@ def member_add(container: str, m: MemberConfig) -> str:
         args.append(f"--rpm {m.rpm_limit}")
     if m.tpm_limit is not None:
         args.append(f"--tpm {m.tpm_limit}")
+    if m.token_budget is not None:
+        args.append(f"--token-budget {m.token_budget} --budget-period {q(m.budget_period)}")
     return f"docker exec -i {q(container)} {ADMIN} add {' '.join(args)}\n"
 
 
@@ -166,6 +168,12 @@ def member_revoke(container: str, member: str) -> str:
     hash the add step printed: pulumi-command hands that to delete as PULUMI_COMMAND_STDOUT through ssh's
     Setenv, which sshd drops unless its AcceptEnv names it (DGX OS accepts LANG and LC_* only)."""
     return f"docker exec {q(container)} {ADMIN} revoke --member {q(member)}\n"
+
+
+def admin_query(container: str, what: str) -> str:
+    """Remote command (dspark status): gateway_admin.py's `keys` or `usage` JSON, one try at the database."""
+    assert what in ("keys", "usage"), what
+    return f"docker exec {q(container)} {ADMIN} --wait 0 {what}"
 
 
 def secrets_env(admin_key: str, metrics_key: str, upstream_key: str, db_password: str, db_port: int) -> str:

@@ -6,7 +6,8 @@ add step's output, since pulumi-command hands it over as an environment variable
 LiteLLM hook (dspark_gateway.py) reads the same table on every request, so a revocation holds from the
 next request on, without a restart. Usage rows are never deleted: they outlive the keys.
 
-    python3 gateway_admin.py add --member alice [--models m1,m2] [--rpm 60] [--tpm 100000] < key
+    python3 gateway_admin.py add --member alice [--models m1,m2] [--rpm 60] [--tpm 100000] \
+        [--token-budget 5000000 --budget-period month] < key
     python3 gateway_admin.py revoke --member alice    # or --hash <sha256>: one key
     python3 gateway_admin.py usage            # JSON: per member requests, failures, tokens
     python3 gateway_admin.py keys             # JSON: members and whether their key is active
@@ -36,6 +37,8 @@ CREATE TABLE IF NOT EXISTS dspark_keys (
     revoked_at  timestamptz
 );
 CREATE INDEX IF NOT EXISTS dspark_keys_member ON dspark_keys (member);
+ALTER TABLE dspark_keys ADD COLUMN IF NOT EXISTS token_budget bigint;
+ALTER TABLE dspark_keys ADD COLUMN IF NOT EXISTS budget_period text NOT NULL DEFAULT 'month';
 CREATE TABLE IF NOT EXISTS dspark_usage (
     id                 bigserial PRIMARY KEY,
     at                 timestamptz NOT NULL DEFAULT now(),
@@ -47,6 +50,21 @@ CREATE TABLE IF NOT EXISTS dspark_usage (
     latency_ms         double precision
 );
 CREATE INDEX IF NOT EXISTS dspark_usage_member ON dspark_usage (member);
+CREATE INDEX IF NOT EXISTS dspark_usage_member_at ON dspark_usage (member, at);
+"""
+
+PERIODS = ("day", "week", "month")  # PostgreSQL's date_trunc fields, in the database's time zone (UTC)
+
+# The key check (one query per request): the key's member, scopes and limits, and the tokens the member
+# used in the current budget period (counted only when the member has a budget).
+KEY_CHECK = """
+SELECT k.member, k.models, k.rpm_limit, k.tpm_limit, k.token_budget, k.budget_period,
+       CASE WHEN k.token_budget IS NULL THEN 0 ELSE (
+           SELECT coalesce(sum(u.prompt_tokens + u.completion_tokens), 0) FROM dspark_usage u
+           WHERE u.member = k.member AND u.at >= date_trunc(k.budget_period, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+       ) END,
+       date_trunc(k.budget_period, now() AT TIME ZONE 'UTC') + ('1 ' || k.budget_period)::interval
+FROM dspark_keys k WHERE k.key_hash = %s AND k.revoked_at IS NULL
 """
 
 USAGE_TOTALS = """
@@ -105,10 +123,12 @@ def add(args: argparse.Namespace) -> int:
     with connect(args.wait) as conn:
         # Upsert: the same key again (a scope change) keeps its record and becomes active again.
         conn.execute(
-            "INSERT INTO dspark_keys (key_hash, member, models, rpm_limit, tpm_limit) VALUES (%s, %s, %s, %s, %s) "
+            "INSERT INTO dspark_keys (key_hash, member, models, rpm_limit, tpm_limit, token_budget, budget_period) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (key_hash) DO UPDATE SET member = EXCLUDED.member, models = EXCLUDED.models, "
-            "rpm_limit = EXCLUDED.rpm_limit, tpm_limit = EXCLUDED.tpm_limit, revoked_at = NULL",
-            (h, args.member, models, args.rpm, args.tpm),
+            "rpm_limit = EXCLUDED.rpm_limit, tpm_limit = EXCLUDED.tpm_limit, token_budget = EXCLUDED.token_budget, "
+            "budget_period = EXCLUDED.budget_period, revoked_at = NULL",
+            (h, args.member, models, args.rpm, args.tpm, args.token_budget, args.budget_period),
         )
     print(h)
     return 0
@@ -161,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--models", default="")
     a.add_argument("--rpm", type=int)
     a.add_argument("--tpm", type=int)
+    a.add_argument("--token-budget", type=int, help="prompt + completion tokens per --budget-period")
+    a.add_argument("--budget-period", choices=PERIODS, default="month")
     r = sub.add_parser("revoke")
     which = r.add_mutually_exclusive_group(required=True)
     which.add_argument("--member")

@@ -4,14 +4,17 @@
   in the gateway's PostgreSQL table `dspark_keys` (gateway_admin.py writes it), so a revoked key gets 401
   from the next request on. The master key (the admin's) passes as LiteLLM's proxy admin; a member's key
   passes as that member (LiteLLM's key alias and user), with the member's model list and rate limits
-  for LiteLLM to enforce, and only on the OpenAI routes. The metrics key may read /metrics only.
+  for LiteLLM to enforce, and only on the OpenAI routes; a member past their token budget gets 429 (checked
+  before each request against the usage table, so a request in flight may end past it). The metrics key
+  may read /metrics only.
   No key, a wrong or a revoked key: 401. The database down: 503 (nothing is let through unchecked).
 - `usage_logger` (litellm_settings.callbacks): one `dspark_usage` row per request that reached the model
   (success or failure, with its tokens), so usage survives a gateway restart.
 - `dspark_gateway_*` Prometheus series on the proxy's /metrics, per member, from those rows (seeded from
   the database at the first scrape after a start, then counted as requests are logged).
 
-LiteLLM (1.110) rules this follows: a rejection must be an HTTPException (anything else becomes a 500),
+LiteLLM (1.110) rules this follows: a rejection must be an HTTPException or a ProxyException (anything else
+becomes a 401 "Authentication Error"; only a ProxyException keeps its headers),
 and the hook is called on every request without a cache.
 """
 
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from datetime import datetime, timezone
 import os
 import threading
 from typing import Any
 
 from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
-from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+from litellm.proxy._types import LitellmUserRoles, ProxyErrorTypes, ProxyException, UserAPIKeyAuth
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -87,21 +91,27 @@ async def user_api_key_auth(request: Any, api_key: str) -> UserAPIKeyAuth:
         # LiteLLM lets only its proxy admin read /metrics; this key reaches no other route (above).
         return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN, key_alias="metrics", user_id="metrics")
     try:
-        rows = await DB.run(
-            "SELECT member, models, rpm_limit, tpm_limit FROM dspark_keys WHERE key_hash = %s AND revoked_at IS NULL",
-            (admin.key_hash(key),),
-        )
+        rows = await DB.run(admin.KEY_CHECK, (admin.key_hash(key),))
     except psycopg.Error:
         REJECTED.inc("database_down")
         raise HTTPException(status_code=503, detail="the gateway's key database is not reachable; retry shortly")
     if not rows:
         REJECTED.inc("invalid_or_revoked")
         raise HTTPException(status_code=401, detail="invalid or revoked API key")
-    member, models, rpm, tpm = rows[0]
+    member, models, rpm, tpm, budget, period, used, resets = rows[0]
     if request.url.path not in MEMBER_ROUTES:
         REJECTED.inc("route")
         raise HTTPException(status_code=403,
                             detail=f"a member's key may call the OpenAI routes only, not {request.url.path}")
+    if budget is not None and used >= budget:
+        REJECTED.inc("token_budget")
+        # a ProxyException keeps its headers (LiteLLM rebuilds an HTTPException without them)
+        raise ProxyException(
+            message=f"{member}'s token budget is used: {used} of {budget} tokens this {period}; "
+                    f"it renews at {resets:%Y-%m-%d %H:%M} UTC",
+            type=ProxyErrorTypes.budget_exceeded, param=None, code=429,
+            headers={"Retry-After": str(max(1, int((resets - datetime.now(timezone.utc).replace(tzinfo=None)).total_seconds())))},
+        )  # fmt: skip
     return UserAPIKeyAuth(
         api_key=key, key_alias=member, user_id=member, user_role=LitellmUserRoles.INTERNAL_USER,
         models=list(models or []), rpm_limit=rpm, tpm_limit=tpm,

@@ -133,13 +133,13 @@ def test_the_programs_outputs_make_a_client():
 
 
 def test_a_member_gets_their_own_key_and_the_gateways_endpoint():
-    keys = {"sim-team-gateway-key-alice": "sk-alice-" + "a" * 40, "sim-team-gateway-key-bob": "sk-bob-" + "b" * 40}
+    keys = {f"sim-team-gateway-key-{m}": f"sk-{m}-" + m[0] * 40 for m in ("alice", "bob", "carol", "dave")}
     outputs = reveal(run_program("sim-team", command_stdout=keys).outputs)
     alice = clients.client_from_outputs(outputs, "sim-team", member="alice")
     assert (alice.base_url, alice.api_key) == ("http://172.30.99.11:4000/v1", "sk-alice-" + "a" * 40)
     assert clients.client_from_outputs(outputs, member="bob").api_key == "sk-bob-" + "b" * 40
-    with pytest.raises(clients.ClientConfigError, match="no member 'carol'.*members: alice, bob"):
-        clients.client_from_outputs(outputs, member="carol")
+    with pytest.raises(clients.ClientConfigError, match="no member 'erin'.*members: alice, bob, carol, dave"):
+        clients.client_from_outputs(outputs, member="erin")
     with pytest.raises(clients.ClientConfigError, match="--show-secrets"):
         clients.client_from_outputs({**outputs, "member_configs": "[secret]"}, member="alice")
 

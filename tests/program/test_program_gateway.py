@@ -11,15 +11,21 @@ CONTAINER = "docker:index/container:Container"
 REMOTE = "command:remote:Command"
 LOCAL = "command:local:Command"
 ALICE, BOB = "sk-alice-" + "a" * 40, "sk-bob-" + "b" * 40
+CAROL, DAVE = "sk-carol-" + "g" * 40, "sk-dave-" + "h" * 40
 ADMIN, METRICS, DBPW = "sk-admin-" + "c" * 40, "sk-metrics-" + "d" * 40, "dbpassword" + "e" * 20
 STDOUT = {"sim-team-gateway-key-alice": ALICE + "\n", "sim-team-gateway-key-bob": BOB + "\n",
+          "sim-team-gateway-key-carol": CAROL + "\n", "sim-team-gateway-key-dave": DAVE + "\n",
           "sim-team-gateway-admin-key": ADMIN + "\n", "sim-team-gateway-metrics-key": METRICS + "\n",
           "sim-team-gateway-db-password": DBPW + "\n"}  # fmt: skip
 
 
-def team(members):
+MEMBERS = cluster_of("sim-team")["gateway"]["members"]  # alice, bob (rpmLimit), carol (tokenBudget), dave
+
+
+def team(bob=None):
+    """sim-team with bob's entry replaced by `bob` (None: bob removed), everyone else as in the stack file."""
     cluster = cluster_of("sim-team")
-    cluster["gateway"]["members"] = members
+    cluster["gateway"]["members"] = [m if m["name"] != "bob" else bob for m in MEMBERS if m["name"] != "bob" or bob]
     return cluster
 
 
@@ -31,11 +37,11 @@ def rec():
 def test_no_key_appears_in_any_plain_input_or_output(rec):
     for r in rec.resources:
         for s in plain_strings(r.inputs):
-            for key in (ALICE, BOB, ADMIN, METRICS, DBPW, TEST_API_KEY):
+            for key in (ALICE, BOB, CAROL, DAVE, ADMIN, METRICS, DBPW, TEST_API_KEY):
                 assert key not in s, f"{r.name} carries a key in a plain input"
     for name, value in rec.outputs.items():
         for s in plain_strings(value):
-            assert not any(k in s for k in (ALICE, BOB, ADMIN, METRICS, DBPW)), name
+            assert not any(k in s for k in (ALICE, BOB, CAROL, DAVE, ADMIN, METRICS, DBPW)), name
 
 
 def test_a_members_key_reaches_only_their_registration_on_stdin(rec):
@@ -77,7 +83,7 @@ def comparable(rec, skip):
 
 
 def test_revoking_a_member_changes_only_that_members_resources(rec):
-    revoked = run_program("sim-team", team([{"name": "alice"}]), command_stdout=STDOUT)
+    revoked = run_program("sim-team", team(None), command_stdout=STDOUT)
     before, after = comparable(rec, ["-bob"]), comparable(revoked, ["-bob"])
     # the outputs' member_configs differ; every registered resource but bob's is exactly as before
     assert before == after
@@ -86,13 +92,19 @@ def test_revoking_a_member_changes_only_that_members_resources(rec):
 
 
 def test_a_scope_change_updates_the_record_and_a_rotation_makes_a_new_key(rec):
-    scoped = run_program("sim-team", team([{"name": "alice"}, {"name": "bob", "rpmLimit": 5}]), command_stdout=STDOUT)
+    scoped = run_program("sim-team", team({"name": "bob", "rpmLimit": 5}), command_stdout=STDOUT)
     assert "--rpm 5" in scoped.named("sim-team-gateway-member-bob").plain["update"]
     assert comparable(rec, ["member-bob"]) == comparable(scoped, ["member-bob"])
-    rotated = run_program("sim-team", team([{"name": "alice"}, {"name": "bob", "rpmLimit": 6000, "rotation": 1}]),
-                          command_stdout=STDOUT)  # fmt: skip
+    rotated = run_program("sim-team", team({"name": "bob", "rpmLimit": 6000, "rotation": 1}), command_stdout=STDOUT)
     assert rotated.named("sim-team-gateway-key-bob").plain["triggers"] == [1]
     assert rec.named("sim-team-gateway-key-bob").plain["triggers"] == [0]
+
+
+def test_each_members_limits_reach_their_record_and_nothing_else(rec):
+    assert rec.named("sim-team-gateway-member-carol").plain["update"].endswith(
+        "add --member carol --token-budget 60 --budget-period day\n")
+    assert rec.named("sim-team-gateway-member-dave").plain["update"].endswith("add --member dave --rpm 2\n")
+    assert rec.named("sim-team-gateway-member-alice").plain["update"].endswith("add --member alice\n")
 
 
 def test_configured_member_keys_replace_the_generated_ones():
@@ -107,11 +119,12 @@ def test_outputs_point_clients_at_the_gateway_each_member_with_their_own_key(rec
     assert o["endpoint"] == "http://172.30.99.11:4000/v1"
     configs = o["member_configs"]
     assert isinstance(configs, Secret)
-    assert {n: c["api_key"] for n, c in configs.value.items()} == {"alice": ALICE, "bob": BOB}
+    assert {n: c["api_key"] for n, c in configs.value.items()} == {"alice": ALICE, "bob": BOB, "carol": CAROL,
+                                                                   "dave": DAVE}
     assert all(c["base_url"] == o["endpoint"] for c in configs.value.values())
     assert o["client_config"].value["api_key"] == ADMIN  # the admin's, apart from the members'
     gw = reveal(o["gateway"])
-    assert gw["members"] == ["alice", "bob"] and gw["upstream"] == "http://172.30.99.11:8000/v1"
+    assert gw["members"] == ["alice", "bob", "carol", "dave"] and gw["upstream"] == "http://172.30.99.11:8000/v1"
     job = next(j for j in o["prometheus"]["scrape_configs"] if j["job_name"] == "sim-team-gateway")
     assert job["static_configs"][0]["targets"] == ["172.30.99.11:4000"] and job["authorization"]["type"] == "Bearer"
 

@@ -31,6 +31,8 @@ def test_member_commands_quote_every_value_and_never_carry_the_key():
     add = gateway.member_add("st-gateway", m)
     assert add == ("docker exec -i st-gateway python3 /etc/dspark-gateway/gateway_admin.py add --member al.ice "
                    "--models deepseek-v4.1-flash --rpm 60 --tpm 1000\n")
+    budget = gateway.member_add("st-gateway", MemberConfig(name="bob", token_budget=50000, budget_period="day"))
+    assert budget.endswith("add --member bob --token-budget 50000 --budget-period day\n")
     revoke = gateway.member_revoke("st-gateway", "al'ice")
     assert revoke.endswith("revoke --member 'al'\"'\"'ice'\n") and "PULUMI_COMMAND" not in revoke
 
@@ -87,6 +89,13 @@ def test_bad_gateway_settings_name_the_field(change, field):
 def test_a_member_listed_twice_is_refused_with_the_name():
     with pytest.raises(ConfigError, match="alice listed twice"):
         _team(members=[{"name": "alice"}, {"name": "alice"}])
+
+
+def test_a_budget_period_without_a_budget_is_refused_naming_both_fields():
+    with pytest.raises(ConfigError, match=r"gateway\.members\[1\].*budgetPeriod: 'day' without tokenBudget"):
+        _team(members=[{"name": "alice", "tokenBudget": 1000}, {"name": "bob", "budgetPeriod": "day"}])
+    with pytest.raises(ConfigError, match="gateway.members.0..budgetPeriod"):
+        _team(members=[{"name": "alice", "tokenBudget": 1000, "budgetPeriod": "year"}])
 
 
 def test_member_keys_must_be_secret_known_and_well_formed_and_no_message_shows_a_key():
