@@ -1,11 +1,13 @@
 """`status`: every rank's container, its group revision, its last error line, its node's GPU memory,
-rank 0's health and (while it is not healthy) its boot phase; one verdict.
+rank 0's health and (while it is not healthy) its boot phase, the team gateway's containers, readiness
+and members (key state, usage); one verdict.
 
 Verdict and exit code:
   0 healthy   every rank running with the stack's group revision, and rank 0's /health is 200
   1 degraded  rank 0 answers 200 and every rank that could be asked runs, but something is off:
               a rank with another group revision, a node ssh cannot reach, outputs unavailable
-  2 down      rank 0's /health is not 200, or a rank is not running (stopped, missing)
+  2 down      rank 0's /health is not 200, or a rank is not running (stopped, missing), or the team
+              gateway (the stack's endpoint, when it has one) is not running or not ready
 
 JSON shape (`--json`; with `--watch`, one such object per line and round):
 
@@ -28,6 +30,12 @@ JSON shape (`--json`; with `--watch`, one such object per line and round):
       "boot_phase": null | {"phase": "loading weights", "line": "..." | null},   # rank 0, when not healthy
       "boot": null | {"kvTokens": 750000 | null, "expectedKvTokens": 750000, "speculative": "DSPARK" | "off" | null,
                       "contextLength": 262144 | null, "shortfall": null | "...", ...},  # the `boot` output
+      "gateway": null | {"node": "spark1", "endpoint": "http://10.0.0.1:4000/v1",
+                  "containers": {"sim-team-gateway": "running", "sim-team-gateway-db": "running"},
+                  "readiness": {"url": ".../health/readiness", "status": 200 | null, "error": null | "..."},
+                  "members": {"alice": {"key": "active" | "revoked" | "not registered", "requests": 12,
+                                        "failures": 0, "prompt_tokens": 340, "completion_tokens": 96}} | null,
+                  "members_error": null | "..."},                 # the gateway's database, read on its node
       "verdict": "healthy" | "degraded" | "down", "exit_code": 0 | 1 | 2,
       "problems": ["..."], "fixes": ["..."], "notes": ["..."]
     }
@@ -42,7 +50,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TextIO
 
-from planning import plan
+from planning import gateway as gateway_plan
+from planning import plan, rules, stackplan
 from programs import probe
 
 from . import api
@@ -159,9 +168,73 @@ def collect(stack: Stack, nodes: Nodes, http_status: Optional[Callable] = None, 
                      f"`pulumi preview --diff --stack {stack.name}` shows the pending replacement of the group")  # fmt: skip
     if not key:
         notes.append("log lines withheld: the API key (to redact them) is not in the stack outputs")
+    doc["gateway"] = gateway_status(stack, nodes, http_status or api.get_status)
     doc.update(verdict_of(stack, ranks, status, error, doc["boot_phase"]))
+    if doc["gateway"]:
+        _gateway_verdict(stack, doc)
     doc["notes"] = notes
     return doc
+
+
+def gateway_status(stack: Stack, nodes: Nodes, http_status: Callable) -> Optional[dict]:
+    """The team gateway (when the stack has one): its two containers, LiteLLM's readiness, and each member's
+    key state and usage from its database (gateway_admin.py on its node); None without a gateway."""
+    sc = stack.config
+    if sc is None or sc.gateway is None or rules.check_stack(sc, stack.short)[0]:
+        return None
+    gp = stackplan.build_stack(sc, stack.short).gateway
+    n = gp.node
+    node = Node(n.rank, n.name, n.host, n.ssh_user, n.ssh_port, gp.gateway.name)
+    names = (gp.gateway.name, gp.database.name)
+    states = {c: parse_inspect(*nodes.run(node, inspect_cmd(c))).state for c in names}
+    out = stack.output("gateway")
+    endpoint = (out.get("endpoint") if isinstance(out, dict) else None) or gp.endpoint  # outputs, else the plan
+    url = probe.health_url(endpoint, gateway_plan.HEALTH_PATH)
+    ready, ready_error = http_status(url, 5.0)
+    members, members_error = None, None
+    if states[gp.gateway.name] == "running":
+        replies = [nodes.run(node, gateway_plan.admin_query(gp.gateway.name, what)) for what in ("keys", "usage")]
+        try:
+            if any(code != 0 for code, _ in replies):
+                raise ValueError(short(next(out for code, out in replies if code != 0).strip(), 200))
+            keys, usage = (json.loads(out.strip().splitlines()[-1]) for _, out in replies)
+        except (ValueError, IndexError) as exc:
+            members_error = f"the gateway's database did not answer: {exc}"
+        else:
+            zero = {"requests": 0, "failures": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            members = {m: {"key": keys.get(m, "not registered"), **zero, **usage.get(m, {})}
+                       for m in sorted({*(m.name for m in gp.members), *keys, *usage})}  # fmt: skip
+    return {"node": n.name, "endpoint": endpoint, "containers": states,
+            "readiness": {"url": url, "status": ready, "error": ready_error},
+            "members": members, "members_error": members_error}  # fmt: skip
+
+
+def _gateway_verdict(stack: Stack, doc: dict) -> None:
+    """The gateway is the stack's endpoint: not running or not ready, clients are down whatever the ranks do."""
+    gw = doc["gateway"]
+    stopped = [c for c, st in gw["containers"].items() if st in NOT_RUNNING]
+    unknown = [c for c, st in gw["containers"].items() if st not in NOT_RUNNING and st != "running"]
+    for c in stopped + unknown:
+        doc["problems"].append(f"gateway container {c} on {gw['node']} is {gw['containers'][c]}")
+    r = gw["readiness"]
+    if r["status"] != 200:
+        doc["problems"].append(f"gateway readiness {r['url']}: {r['status'] if r['status'] is not None else r['error']}")
+    if gw["members_error"]:
+        doc["problems"].append(gw["members_error"])
+    if stopped:
+        doc["fixes"].append(f"run `pulumi up --refresh --stack {stack.name}`: refresh records the stopped or missing "
+                            "gateway container, up starts it again; keys and usage are on its database volume")  # fmt: skip
+    elif r["status"] != 200 and not unknown:
+        doc["fixes"].append(f"the gateway runs but is not ready: `docker logs --tail 50 {next(iter(gw['containers']))}` "
+                            f"on {gw['node']}")  # fmt: skip
+    if unknown:
+        doc["fixes"].append("check ssh to the gateway's node with the stack's ssh options (ssh.identityFile, "
+                            "ssh.knownHostsFile)")  # fmt: skip
+    if stopped or r["status"] != 200:
+        doc["verdict"], doc["exit_code"] = "down", 2
+    elif (unknown or gw["members_error"]) and doc["exit_code"] == 0:
+        doc["verdict"], doc["exit_code"] = "degraded", 1
+    doc["fixes"] = list(dict.fromkeys(doc["fixes"]))
 
 
 def verdict_of(stack: Stack, ranks: list[RankStatus], status: Optional[int], error: Optional[str],
@@ -269,11 +342,25 @@ def render_text(doc: dict) -> str:
     if doc["boot_phase"]:
         bp = doc["boot_phase"]
         lines.append(f"boot phase (rank 0): {bp['phase']}" + (f'  "{bp["line"]}"' if bp["line"] else ""))
+    if doc.get("gateway"):
+        lines += gateway_text(doc["gateway"])
     lines.append(f"verdict: {doc['verdict'].upper()} (exit {doc['exit_code']})")
     lines += [f"  - {p}" for p in doc["problems"]]
     lines += [f"fix: {f}" for f in doc["fixes"]]
     lines += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def gateway_text(gw: dict) -> list[str]:
+    r = gw["readiness"]
+    states = ", ".join(f"{c} {st}" for c, st in gw["containers"].items())
+    lines = [f"\ngateway {gw['endpoint']} on {gw['node']}: {states}; readiness "
+             f"{r['status'] if r['status'] is not None else 'no answer: ' + cell(r['error'])}"]
+    if gw["members"] is not None:
+        rows = [[m, u["key"], u["requests"], u["failures"], u["prompt_tokens"], u["completion_tokens"]]
+                for m, u in gw["members"].items()]  # fmt: skip
+        lines.append(table(["MEMBER", "KEY", "REQUESTS", "FAILURES", "PROMPT TOKENS", "COMPLETION TOKENS"], rows))
+    return lines
 
 
 def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, watch: Optional[float] = None,

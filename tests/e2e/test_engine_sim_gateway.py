@@ -1,11 +1,12 @@
 """Team access: the stack `sim-team` (sim-tp2's vLLM group, the vllm-sim TEST DOUBLE) behind the team
 gateway, REAL LiteLLM 1.110.2 and PostgreSQL 15 in containers on the head, through the real Pulumi engine.
 
-preview -> up -> two members answer with their own keys (env files from `dspark.clients --member`), wrong,
+preview -> up -> members answer with their own keys (env files from `dspark.clients --member`), wrong,
 missing and internal keys get 401 from the gateway, and a member's key gets 401 from the engine -> what the
-gateway adds to a request (printed) -> bob is revoked by a config change whose preview replaces nothing,
+gateway adds to a request (printed) -> a member past their token budget, another past their rate limit, get
+429 -> bob is revoked by a config change whose preview replaces nothing,
 and gets 401 within moments of the database's revocation while alice keeps streaming -> usage per member
-on the gateway's /metrics -> a gateway restart keeps keys and usage -> no-op up -> destroy keeps the
+on the gateway's /metrics -> a gateway restart keeps keys and usage (and `dspark status` shows them) -> no-op up -> destroy keeps the
 gateway's database volume.
 """
 
@@ -42,15 +43,20 @@ def member_env(project, tmp_path, member: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.read_text().splitlines() if line and not line.startswith("#"))
 
 
-def status_of(base_url: str, key: str | None, model: str = "deepseek-v4.1-flash") -> int:
+def answer_of(base_url: str, key: str | None, model: str = "deepseek-v4.1-flash") -> tuple[int, str, str | None]:
+    """One chat completion: the HTTP status, the body and the Retry-After header."""
     body = json.dumps({"model": model, "messages": PROMPT, "max_tokens": 8}).encode()
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     req = urllib.request.Request(base_url + "/chat/completions", data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status
+            return resp.status, resp.read().decode(), resp.headers.get("Retry-After")
     except urllib.error.HTTPError as exc:
-        return exc.code
+        return exc.code, exc.read().decode(), exc.headers.get("Retry-After")
+
+
+def status_of(base_url: str, key: str | None, model: str = "deepseek-v4.1-flash") -> int:
+    return answer_of(base_url, key, model)[0]
 
 
 def metrics(url: str, key: str) -> dict[tuple[str, ...], float]:
@@ -98,11 +104,12 @@ def first(project, tmp_path_factory):
     TIMINGS["sim-team: first up (gateway ready)"] = time.monotonic() - t0
     tmp = tmp_path_factory.mktemp("members")
     outputs = project.outputs()
-    return preview, outputs, member_env(project, tmp, "alice"), member_env(project, tmp, "bob")
+    envs = {m: member_env(project, tmp, m) for m in ("alice", "bob", "carol", "dave")}
+    return preview, outputs, envs["alice"], envs["bob"], envs
 
 
 def test_two_members_answer_through_the_gateway_with_their_own_keys(first, project):
-    preview, outputs, alice, bob = first
+    preview, outputs, alice, bob, _ = first
     assert "to create" in resources_summary(preview.text)
     assert outputs["endpoint"] == "http://172.30.99.11:4000/v1" == alice["OPENAI_BASE_URL"] == bob["OPENAI_BASE_URL"]
     assert alice["OPENAI_API_KEY"] != bob["OPENAI_API_KEY"] != project.api_key
@@ -112,14 +119,14 @@ def test_two_members_answer_through_the_gateway_with_their_own_keys(first, proje
         assert "42" in answer.choices[0].message.content
         stream = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=32, stream=True)
         assert "42" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert json.loads(admin("keys")) == {"alice": "active", "bob": "active"}
+    assert json.loads(admin("keys")) == {"alice": "active", "bob": "active", "carol": "active", "dave": "active"}
     gw = outputs["gateway"]
-    assert gw["node"] == "spark1" and gw["members"] == ["alice", "bob"]
+    assert gw["node"] == "spark1" and gw["members"] == ["alice", "bob", "carol", "dave"]
     assert outputs["client_config"]["api_key"] == gw["admin_key"] not in (alice["OPENAI_API_KEY"], bob["OPENAI_API_KEY"])
 
 
 def test_wrong_missing_and_internal_keys_get_401_and_a_member_key_never_reaches_a_rank(first, project):
-    _, outputs, alice, _ = first
+    _, outputs, alice, _, _ = first
     url = outputs["endpoint"]
     assert status_of(url, None) == 401
     assert status_of(url, "sk-wrong-" + "x" * 40) == 401
@@ -137,7 +144,7 @@ def test_wrong_missing_and_internal_keys_get_401_and_a_member_key_never_reaches_
 def test_what_the_gateway_adds_to_a_request(first, project):
     """Benchmark (numbers printed, nothing timed asserted): the same request through the gateway with a member's
     key and straight to the engine with the internal key, sequentially."""
-    _, outputs, alice, _ = first
+    _, outputs, alice, _, _ = first
     key, url, upstream = alice["OPENAI_API_KEY"], outputs["endpoint"], outputs["gateway"]["upstream"]
 
     def median_ms(base, k, n=30):
@@ -155,8 +162,32 @@ def test_what_the_gateway_adds_to_a_request(first, project):
     print(f"\ngateway: {via:.1f} ms median, engine direct: {direct:.1f} ms, the gateway adds {via - direct:.1f} ms")
 
 
+def test_a_member_past_their_token_budget_or_rate_limit_gets_429_and_the_others_do_not(first):
+    """carol: tokenBudget 60 a day, counted by the gateway's hook from the usage table; dave: rpmLimit 2,
+    enforced by LiteLLM. Each answers until the limit, then 429 with a message saying which limit."""
+    _, outputs, alice, _, envs = first
+    url, carol, dave = outputs["endpoint"], envs["carol"]["OPENAI_API_KEY"], envs["dave"]["OPENAI_API_KEY"]
+    answers = []
+    for _ in range(40):  # a day's budget of 60 tokens: a few requests of ~20 tokens each
+        answers.append(answer_of(url, carol))
+        if answers[-1][0] != 200:
+            break
+    codes = [c for c, _, _ in answers]
+    assert codes[0] == 200 and codes[-1] == 429 and set(codes[:-1]) == {200}, answers
+    assert "token budget is used" in answers[-1][1] and "of 60 tokens this day" in answers[-1][1], answers[-1]
+    assert 0 < int(answers[-1][2]) <= 86400  # Retry-After: seconds until the day ends (UTC)
+    used = json.loads(admin("usage"))["carol"]
+    assert used["prompt_tokens"] + used["completion_tokens"] >= 60
+    assert status_of(url, carol) == 429  # it stays refused (until the day ends)
+    print(f"\ncarol: {codes.count(200)} answers, then 429 at {used['prompt_tokens'] + used['completion_tokens']} tokens")
+
+    dave_codes = [status_of(url, dave) for _ in range(6)]  # LiteLLM's window is a minute: at most 2 per window
+    assert dave_codes[:2] == [200, 200] and 429 in dave_codes and dave_codes.count(200) <= 4, dave_codes
+    assert status_of(url, alice["OPENAI_API_KEY"]) == 200  # one member's limit is theirs alone
+
+
 def test_revoking_bob_replaces_nothing_and_his_key_fails_at_once_while_alice_streams(first, project):
-    _, outputs, alice, bob = first
+    _, outputs, alice, bob, _ = first
     url = outputs["endpoint"]
     before = containers_of(STACK, NODES)
     project.cli("config", "rm", "--path", "deepseek-spark:cluster.gateway.members[1]").check()
@@ -204,16 +235,17 @@ def test_revoking_bob_replaces_nothing_and_his_key_fails_at_once_while_alice_str
     assert alice_results and all(r is True for r in alice_results), alice_results
     TIMINGS["sim-team: alice's streams during the revoking up"] = len(alice_results)
     assert status_of(url, bob["OPENAI_API_KEY"]) == 401 and status_of(url, alice["OPENAI_API_KEY"]) == 200
-    assert json.loads(admin("keys")) == {"alice": "active", "bob": "revoked"}
+    assert json.loads(admin("keys")) == {"alice": "active", "bob": "revoked", "carol": "active", "dave": "active"}
 
 
 def test_usage_per_member_is_scraped_and_survives_a_gateway_restart(first, project):
-    _, outputs, alice, bob = first
+    _, outputs, alice, bob, _ = first
     url, metrics_key = outputs["endpoint"], project.outputs()["gateway"]["metrics_key"]
     before = metrics(url, metrics_key)
     assert requests_of(before, "alice") >= 30 and requests_of(before, "bob") >= 2, before
     assert before[("dspark_gateway_tokens_total", 'kind="completion"', 'member="alice"')] > 0
     assert before.get(("dspark_gateway_rejected_total", 'reason="invalid_or_revoked"'), 0) >= 1, before
+    assert before.get(("dspark_gateway_rejected_total", 'reason="token_budget"'), 0) >= 2, before
     with pytest.raises(AssertionError):
         metrics(url, alice["OPENAI_API_KEY"])  # a member's key cannot read /metrics
     usage = json.loads(admin("usage"))
@@ -226,6 +258,17 @@ def test_usage_per_member_is_scraped_and_survives_a_gateway_restart(first, proje
     after = metrics(url, metrics_key)
     assert requests_of(after, "alice") >= requests_of(before, "alice") + 1  # counted from the database, plus one
     assert requests_of(after, "bob") == requests_of(before, "bob")
+
+    # `dspark status`: the group healthy, the gateway running and ready, each member's key state and usage
+    proc = subprocess.run([sys.executable, "-m", "dspark", "status", "--stack", STACK, "--json"], cwd=project.work_dir,
+                          env=project.env, capture_output=True, text=True)  # fmt: skip
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["verdict"] == "healthy", (doc["problems"], proc.stderr)
+    gw, usage = doc["gateway"], json.loads(admin("usage"))
+    assert gw["containers"] == {GATEWAY: "running", DB: "running"} and gw["readiness"]["status"] == 200
+    assert {m: u["key"] for m, u in gw["members"].items()} == {"alice": "active", "bob": "revoked", "carol": "active",
+                                                               "dave": "active"}  # fmt: skip
+    assert gw["members"]["alice"]["requests"] == usage["alice"]["requests"]
 
 
 def test_second_up_changes_nothing(first, project):

@@ -49,6 +49,7 @@ class FakeNode:
     preflight_fail: list[tuple[str, str]] = field(default_factory=list)
     unreachable: bool = False
     meminfo: tuple[int, int, int] = (124620, 118000, 900)  # MemTotal, MemAvailable, Cached in MiB
+    gateway_admin: dict[str, tuple[int, str]] = field(default_factory=dict)  # keys|usage -> gateway_admin.py's reply
 
 
 class FakeCluster:
@@ -88,6 +89,13 @@ class FakeCluster:
                 if n != "all":
                     lines = lines[-int(n):] if int(n) else []
             return 0, "".join(line + "\n" for line in lines)
+        if argv[:2] == ["docker", "exec"]:  # gateway_admin.py in the gateway container (dspark status)
+            from planning import gateway
+
+            assert argv[3:] == [*shlex.split(gateway.ADMIN), "--wait", "0", argv[-1]], argv
+            if argv[2] not in node.containers:
+                return 1, f"Error response from daemon: No such container: {argv[2]}\n"
+            return node.gateway_admin[argv[-1]]
         if argv[:2] == ["sh", "-c"] and len(argv) == 3:
             return self._script(node, argv[2])
         raise AssertionError(f"unexpected remote command: {remote!r}")
@@ -181,8 +189,9 @@ class FakeEndpoint:
     """/health and /v1/chat/completions (plain and SSE) on 127.0.0.1; records the auth headers."""
 
     def __init__(self, key: str = KEY, answer: str = "42", health: int = 200, first_token_delay: float = 0.0,
-                 token_delay: float = 0.0, usage: bool = True, model: str = "deepseek-v4.1-flash"):  # fmt: skip
-        self.key, self.answer, self.health = key, answer, health
+                 token_delay: float = 0.0, usage: bool = True, model: str = "deepseek-v4.1-flash",
+                 health_path: str = "/health"):  # fmt: skip
+        self.key, self.answer, self.health, self.health_path = key, answer, health, health_path
         self.first_token_delay, self.token_delay, self.usage, self.model = first_token_delay, token_delay, usage, model
         self.auth: list[Optional[str]] = []
         self.requests: list[dict] = []
@@ -201,7 +210,7 @@ class FakeEndpoint:
                 self.wfile.write(body)
 
             def do_GET(self):
-                if self.path == "/health":
+                if self.path == endpoint.health_path:
                     return self._json(endpoint.health, {"status": endpoint.health})
                 return self._json(404, {"error": "no route"})
 

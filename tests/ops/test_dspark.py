@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 import socket
 import time
@@ -19,7 +20,7 @@ from dspark import nodes as dnodes
 from dspark.__main__ import main
 from programs import probe
 from dspark.cmd_status import boot_phase
-from ops_fakes import KEY, REAL_ON_NODE, ROOT, FakeEndpoint, cluster_for, outputs, state
+from ops_fakes import KEY, REAL_ON_NODE, ROOT, FakeContainer, FakeEndpoint, cluster_for, outputs, state
 
 STACKS = ["tp3", "tp4", "tp2", "sim", "sim-tp2"]
 
@@ -192,21 +193,66 @@ def test_status_healthy(tmp_path):
     assert fake.hosts_called() == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
 
 
-def test_status_behind_the_gateway_checks_the_groups_own_endpoint_not_the_gateways(tmp_path):
-    """sim-team's `endpoint` output is the gateway's (its /health wants a key); the group's is `gateway.upstream`."""
+def team_status(tmp_path, gateway_ready: bool = True, running: tuple[str, ...] = ("sim-team-gateway", "sim-team-gateway-db"),
+                admin: dict | None = None, text: bool = False):  # fmt: skip
+    """`dspark status --stack sim-team` on fake nodes: the group behind one FakeEndpoint, the gateway behind
+    another (its readiness route), the gateway's containers and gateway_admin.py's replies on spark1."""
     cfg = parse_stack(harness.cluster_of("sim-team")).single
     rev = plan.group_revision(plan.group_specs(cfg, "sim-team"), plan.image_build_digest(cfg))
     fake = cluster_for(cfg, "sim-team", rev, log="INFO Application startup complete.\n")
-    with FakeEndpoint() as ep:
+    spark1 = fake.nodes["172.30.99.11"]
+    for c in running:
+        spark1.containers[c] = FakeContainer(state(), {})
+    spark1.gateway_admin = admin or {
+        "keys": (0, '{"alice": "active", "bob": "revoked"}\n'),
+        "usage": (0, '{"alice": {"requests": 3, "failures": 1, "prompt_tokens": 30, "completion_tokens": 9}}\n'),
+    }
+    with FakeEndpoint() as group, FakeEndpoint(health_path="/health/readiness",
+                                               health=200 if gateway_ready else 503) as gw:  # fmt: skip
         path = tmp_path / "o.json"
-        outputs(path, closed_url(), rev)
+        outputs(path, gw.base_url, rev)
         data = json.loads(path.read_text())
-        data["gateway"] = {"endpoint": data["endpoint"], "upstream": ep.base_url, "members": ["alice"]}
+        data["gateway"] = {"endpoint": gw.base_url, "upstream": group.base_url, "members": ["alice", "bob"]}
         path.write_text(json.dumps(data))
-        code, out, _ = run(args("status", "sim-team", str(path), ROOT, "--json"), runner=fake)
-    doc = json.loads(out)
-    assert doc["health"]["url"] == ep.base_url.removesuffix("/v1") + "/health" and doc["health"]["status"] == 200
+        code, out, _ = run(args("status", "sim-team", str(path), ROOT, *([] if text else ["--json"])), runner=fake)
+    return code, (out if text else json.loads(out)), group.base_url, gw.base_url
+
+
+def test_status_behind_the_gateway_checks_the_group_and_the_gateway_and_lists_the_members(tmp_path):
+    """sim-team's `endpoint` output is the gateway's (its /health wants a key); the group's is `gateway.upstream`."""
+    code, doc, group, gw = team_status(tmp_path)
+    assert doc["health"]["url"] == group.removesuffix("/v1") + "/health" and doc["health"]["status"] == 200
     assert code == 0 and doc["verdict"] == "healthy", doc["problems"]
+    g = doc["gateway"]
+    assert g["readiness"] == {"url": gw.removesuffix("/v1") + "/health/readiness", "status": 200, "error": None}
+    assert g["containers"] == {"sim-team-gateway": "running", "sim-team-gateway-db": "running"}
+    assert g["members"]["alice"] == {"key": "active", "requests": 3, "failures": 1, "prompt_tokens": 30,
+                                     "completion_tokens": 9}  # fmt: skip
+    assert g["members"]["bob"] == {"key": "revoked", "requests": 0, "failures": 0, "prompt_tokens": 0,
+                                   "completion_tokens": 0}  # fmt: skip
+    assert g["members"]["carol"]["key"] == "not registered"  # in the stack file, not (yet) in the database
+    _, text, _, gw = team_status(tmp_path, text=True)
+    assert f"gateway {gw} on spark1: sim-team-gateway running, sim-team-gateway-db running; readiness 200" in text
+    assert re.search(r"^bob +revoked +0 ", text, re.M) and re.search(r"^alice +active +3 +1 +30 +9$", text, re.M)
+
+
+@pytest.mark.parametrize("change, problem, fix", [
+    ({"gateway_ready": False}, "gateway readiness", "docker logs --tail 50 sim-team-gateway"),
+    ({"running": ("sim-team-gateway-db",)}, "gateway container sim-team-gateway on spark1 is missing",
+     "pulumi up --refresh --stack sim-team"),
+])  # fmt: skip
+def test_status_a_gateway_down_is_the_stack_down_whatever_the_ranks_do(tmp_path, change, problem, fix):
+    code, doc, _, _ = team_status(tmp_path, **change)
+    assert code == 2 and doc["verdict"] == "down" and doc["health"]["status"] == 200
+    assert any(problem in p for p in doc["problems"]), doc["problems"]
+    assert any(fix in f for f in doc["fixes"]), doc["fixes"]
+
+
+def test_status_a_gateway_database_that_does_not_answer_is_degraded(tmp_path):
+    refused = (1, "gateway database not reachable: connection refused\n")
+    code, doc, _, _ = team_status(tmp_path, admin={"keys": refused, "usage": refused})
+    assert code == 1 and doc["verdict"] == "degraded" and doc["gateway"]["members"] is None
+    assert "connection refused" in doc["gateway"]["members_error"]
 
 
 def test_status_finds_a_stopped_rank_down_and_says_how_to_repair(tmp_path):
