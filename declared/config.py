@@ -326,6 +326,8 @@ class RouterConfig(_Strict):
 
 GATEWAY_IMAGE = "deepseek-spark-gateway:litellm-1.110.2"  # built from programs/gateway/Dockerfile
 MEMBER_NAME = r"^[a-z0-9]([a-z0-9._-]{0,30}[a-z0-9])?$"
+# What the gateway's hook calls the admin's and Prometheus's keys in usage rows and metrics: no member's name.
+RESERVED_MEMBERS = ("admin", "metrics")
 
 
 class MemberConfig(_Strict):
@@ -350,6 +352,9 @@ class MemberConfig(_Strict):
 
     @model_validator(mode="after")
     def _period_needs_budget(self) -> "MemberConfig":
+        if self.name in RESERVED_MEMBERS:
+            raise ValueError(f"name: {self.name!r} is what the gateway calls its own {self.name} key in usage and "
+                             "metrics; fix: give the member another name")  # fmt: skip
         if "budget_period" in self.model_fields_set and self.token_budget is None:
             raise ValueError(f"budgetPeriod: {self.budget_period!r} without tokenBudget limits nothing; "
                              "fix: set tokenBudget (tokens per period) or remove budgetPeriod")  # fmt: skip

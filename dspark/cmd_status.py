@@ -33,7 +33,7 @@ JSON shape (`--json`; with `--watch`, one such object per line and round):
       "gateway": null | {"node": "spark1", "endpoint": "http://10.0.0.1:4000/v1",
                   "containers": {"sim-team-gateway": "running", "sim-team-gateway-db": "running"},
                   "readiness": {"url": ".../health/readiness", "status": 200 | null, "error": null | "..."},
-                  "members": {"alice": {"key": "active" | "revoked" | "not registered", "requests": 12,
+                  "members": {"alice": {"key": "active" | "revoked" | "not registered" | "admin key", "requests": 12,
                                         "failures": 0, "prompt_tokens": 340, "completion_tokens": 96}} | null,
                   "members_error": null | "..."},                 # the gateway's database, read on its node
       "verdict": "healthy" | "degraded" | "down", "exit_code": 0 | 1 | 2,
@@ -50,6 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TextIO
 
+from declared.config import RESERVED_MEMBERS
 from planning import gateway as gateway_plan
 from planning import plan, rules, stackplan
 from programs import probe
@@ -202,7 +203,9 @@ def gateway_status(stack: Stack, nodes: Nodes, http_status: Callable) -> Optiona
             members_error = f"the gateway's database did not answer: {exc}"
         else:
             zero = {"requests": 0, "failures": 0, "prompt_tokens": 0, "completion_tokens": 0}
-            members = {m: {"key": keys.get(m, "not registered"), **zero, **usage.get(m, {})}
+            # usage rows of the admin's key (readiness, operators) are listed under `admin`
+            members = {m: {"key": keys.get(m, f"{m} key" if m in RESERVED_MEMBERS else "not registered"),
+                           **zero, **usage.get(m, {})}
                        for m in sorted({*(m.name for m in gp.members), *keys, *usage})}  # fmt: skip
     return {"node": n.name, "endpoint": endpoint, "containers": states,
             "readiness": {"url": url, "status": ready, "error": ready_error},

@@ -266,8 +266,9 @@ def test_usage_per_member_is_scraped_and_survives_a_gateway_restart(first, proje
     assert proc.returncode == 0 and doc["verdict"] == "healthy", (doc["problems"], proc.stderr)
     gw, usage = doc["gateway"], json.loads(admin("usage"))
     assert gw["containers"] == {GATEWAY: "running", DB: "running"} and gw["readiness"]["status"] == 200
-    assert {m: u["key"] for m, u in gw["members"].items()} == {"alice": "active", "bob": "revoked", "carol": "active",
-                                                               "dave": "active"}  # fmt: skip
+    assert {m: u["key"] for m, u in gw["members"].items()} == {"admin": "admin key", "alice": "active", "bob": "revoked",
+                                                               "carol": "active", "dave": "active"}  # fmt: skip
+    assert gw["members"]["admin"]["requests"] >= 1  # the readiness probe's, with the admin key
     assert gw["members"]["alice"]["requests"] == usage["alice"]["requests"]
 
 

@@ -205,7 +205,8 @@ def team_status(tmp_path, gateway_ready: bool = True, running: tuple[str, ...] =
         spark1.containers[c] = FakeContainer(state(), {})
     spark1.gateway_admin = admin or {
         "keys": (0, '{"alice": "active", "bob": "revoked"}\n'),
-        "usage": (0, '{"alice": {"requests": 3, "failures": 1, "prompt_tokens": 30, "completion_tokens": 9}}\n'),
+        "usage": (0, '{"admin": {"requests": 1, "failures": 0, "prompt_tokens": 5, "completion_tokens": 2}, '
+                     '"alice": {"requests": 3, "failures": 1, "prompt_tokens": 30, "completion_tokens": 9}}\n'),
     }
     with FakeEndpoint() as group, FakeEndpoint(health_path="/health/readiness",
                                                health=200 if gateway_ready else 503) as gw:  # fmt: skip
@@ -231,6 +232,8 @@ def test_status_behind_the_gateway_checks_the_group_and_the_gateway_and_lists_th
     assert g["members"]["bob"] == {"key": "revoked", "requests": 0, "failures": 0, "prompt_tokens": 0,
                                    "completion_tokens": 0}  # fmt: skip
     assert g["members"]["carol"]["key"] == "not registered"  # in the stack file, not (yet) in the database
+    assert g["members"]["admin"] == {"key": "admin key", "requests": 1, "failures": 0, "prompt_tokens": 5,
+                                     "completion_tokens": 2}  # fmt: skip
     _, text, _, gw = team_status(tmp_path, text=True)
     assert f"gateway {gw} on spark1: sim-team-gateway running, sim-team-gateway-db running; readiness 200" in text
     assert re.search(r"^bob +revoked +0 ", text, re.M) and re.search(r"^alice +active +3 +1 +30 +9$", text, re.M)

@@ -91,6 +91,11 @@ def test_a_member_listed_twice_is_refused_with_the_name():
         _team(members=[{"name": "alice"}, {"name": "alice"}])
 
 
+def test_the_gateways_own_key_names_are_no_members_name():
+    with pytest.raises(ConfigError, match=r"gateway\.members\[0\].*'admin' is what the gateway calls its own admin key"):
+        _team(members=[{"name": "admin"}])
+
+
 def test_a_budget_period_without_a_budget_is_refused_naming_both_fields():
     with pytest.raises(ConfigError, match=r"gateway\.members\[1\].*budgetPeriod: 'day' without tokenBudget"):
         _team(members=[{"name": "alice", "tokenBudget": 1000}, {"name": "bob", "budgetPeriod": "day"}])
