@@ -67,6 +67,8 @@ SELECT k.member, k.models, k.rpm_limit, k.tpm_limit, k.token_budget, k.budget_pe
 FROM dspark_keys k WHERE k.key_hash = %s AND k.revoked_at IS NULL
 """
 
+SCHEMA_LOCK = 0x64737061726B  # "dspark": the advisory lock key the schema change holds
+
 USAGE_TOTALS = """
 SELECT member, count(*), count(*) FILTER (WHERE status <> 'success'),
        coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), coalesce(max(id), 0)
@@ -105,7 +107,12 @@ def connect(wait_seconds: float = 0):
     while True:
         try:
             conn = psycopg.connect(db_url(read_secrets()), autocommit=True)
-            conn.execute(SCHEMA)
+            # One schema change at a time: concurrent CREATE TABLE IF NOT EXISTS race in PostgreSQL's catalog
+            # (UniqueViolation on pg_type), and the program registers every member at once, beside the
+            # gateway's own `init`. The lock ends with the transaction.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+                conn.execute(SCHEMA)
             return conn
         except psycopg.OperationalError as exc:
             if time.monotonic() >= deadline:
