@@ -144,8 +144,11 @@ def container_events(since: float, until: float, nodes=("spark1", "spark2", "spa
     return sorted(events, key=lambda e: e.t)
 
 
-def first_event(events: list[Event], action: str, name: str) -> Event:
-    return next(e for e in events if e.action == action and e.name == name)
+def first_event(events: list[Event], action: str, name: str, after: str | None = None) -> Event:
+    """The first `action` of container `name` (after its first `after` event, when given: e.g. the start of
+    the container a `create` made, not a restart-policy start of the one it replaced)."""
+    since = first_event(events, after, name).t if after else float("-inf")
+    return next(e for e in events if e.action == action and e.name == name and e.t >= since)
 
 
 def dspark(project: PulumiProject, *args: str) -> tuple[int, str]:
