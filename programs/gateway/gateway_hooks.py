@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from datetime import datetime, timezone
 import os
 import threading
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import HTTPException
