@@ -682,11 +682,7 @@ def _router_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
         taken = node_ports(cfg, node)
         on = f" on {node.name}"
     fix = f"use the reference's router ports: port 8889, metricsPort 29000{' (free' + on + ')' if on else ''}"
-    out = [Finding("router-port-free", f"router.{label}", port, f"is {taken[port]}{on}", fix)
-           for label, port in (("port", r.port), ("metricsPort", r.metrics_port)) if port in taken]  # fmt: skip
-    if r.port == r.metrics_port:
-        out.append(Finding("router-port-free", "router.metricsPort", r.metrics_port, "equals router.port", fix))
-    return out
+    return _ports_free("router-port-free", "router", (("port", r.port), ("metricsPort", r.metrics_port)), taken, on, fix)
 
 
 @stack_rule("router-image")
@@ -745,10 +741,17 @@ def _gateway_ports(sc: StackConfig, stack: str = "") -> list[Finding]:
     if sc.router is not None and sc.router.node == node.name:
         taken.update({sc.router.port: "router.port", sc.router.metrics_port: "router.metricsPort"})
     fix = f"pick free ports on {node.name}: the defaults are port 4000, databasePort 5433"
-    out = [Finding("gateway-port-free", f"gateway.{label}", port, f"is {taken[port]} on {node.name}", fix)
-           for label, port in (("port", gw.port), ("databasePort", gw.database_port)) if port in taken]  # fmt: skip
-    if gw.port == gw.database_port:
-        out.append(Finding("gateway-port-free", "gateway.databasePort", gw.database_port, "equals gateway.port", fix))
+    ports = (("port", gw.port), ("databasePort", gw.database_port))
+    return _ports_free("gateway-port-free", "gateway", ports, taken, f" on {node.name}", fix)
+
+
+def _ports_free(rule: str, section: str, ports: tuple[tuple[str, int], tuple[str, int]], taken: dict[int, str],
+                on: str, fix: str) -> list[Finding]:  # fmt: skip
+    """A finding for each of the two ports another service on the node holds, and one when they are equal."""
+    out = [Finding(rule, f"{section}.{label}", port, f"is {taken[port]}{on}", fix) for label, port in ports if port in taken]
+    (first, a), (second, b) = ports
+    if a == b:
+        out.append(Finding(rule, f"{section}.{second}", b, f"equals {section}.{first}", fix))
     return out
 
 
