@@ -136,10 +136,9 @@ def build(stack: Stack) -> dict[str, Any]:
 
 def _gateway(stack: Stack) -> dict | None:
     """The team gateway in front of the stack (the same plan the program builds it from); None without one."""
-    sc = stack.config
-    if sc is None or sc.gateway is None or rules.check_stack(sc, stack.short)[0]:
+    gp = stack.gateway_plan()
+    if gp is None:
         return None
-    gp = stackplan.build_stack(sc, stack.short).gateway
     return {"node": gp.node.name, "endpoint": gp.endpoint, "upstream": gp.upstream, "image": gp.image,
             "containers": [gp.gateway.name, gp.database.name], "volume": gp.volume, "keep_data": gp.keep_data,
             "members": [m.name for m in gp.members]}  # fmt: skip

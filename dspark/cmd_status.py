@@ -52,7 +52,7 @@ from typing import Callable, Optional, TextIO
 
 from declared.config import RESERVED_MEMBERS
 from planning import gateway as gateway_plan
-from planning import plan, rules, stackplan
+from planning import plan
 from programs import probe
 
 from . import api
@@ -180,10 +180,9 @@ def collect(stack: Stack, nodes: Nodes, http_status: Optional[Callable] = None, 
 def gateway_status(stack: Stack, nodes: Nodes, http_status: Callable) -> Optional[dict]:
     """The team gateway (when the stack has one): its two containers, LiteLLM's readiness, and each member's
     key state and usage from its database (gateway_admin.py on its node); None without a gateway."""
-    sc = stack.config
-    if sc is None or sc.gateway is None or rules.check_stack(sc, stack.short)[0]:
+    gp = stack.gateway_plan()
+    if gp is None:
         return None
-    gp = stackplan.build_stack(sc, stack.short).gateway
     n = gp.node
     node = Node(n.rank, n.name, n.host, n.ssh_user, n.ssh_port, gp.gateway.name)
     names = (gp.gateway.name, gp.database.name)

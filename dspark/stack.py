@@ -7,14 +7,17 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import yaml
 
 from declared import config
 from dspark import clients
-from planning import plan, stackplan
+from planning import plan, rules, stackplan
 from declared.config import ClusterConfig, StackConfig
+
+if TYPE_CHECKING:
+    from planning.gateway import GatewayPlan
 
 CONFIG_KEY = f"{config.PROJECT}:{config.CLUSTER_KEY}"
 
@@ -127,6 +130,14 @@ class Stack:
             if isinstance(entry, dict) and entry.get("name") == (self.group or self.short):
                 return entry
         return {}
+
+    def gateway_plan(self) -> Optional["GatewayPlan"]:
+        """The team gateway's plan, the one the program builds it from; None without a gateway (or while the
+        stack's config has errors, which `plan` reports)."""
+        sc = self.config
+        if sc is None or sc.gateway is None or rules.check_stack(sc, self.short)[0]:
+            return None
+        return stackplan.build_stack(sc, self.short).gateway
 
     def expected_revision(self) -> tuple[str, str]:
         """(revision the ranks should carry, where it came from: "outputs" or "config")."""
