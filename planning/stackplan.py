@@ -14,7 +14,9 @@ from typing import Optional
 
 from . import commands, fabric, plan, routing
 from . import gateway as gateway_plan
+from . import guard as guard_plan
 from .gateway import GatewayPlan
+from .guard import GuardPlan
 from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
@@ -139,6 +141,7 @@ class StackPlan:
     seed: Optional[SeedPlan] = None  # source: download with share.mode: local and workers
     planes: str = ""  # which network carries what, and the checkpoint's modelled boot read (fabric.summary)
     compile_cache_prefix: str = ""  # the compile-cache volumes' names start so (plan.compile_cache_prefix)
+    guard: Optional[GuardPlan] = None  # the guard on every node (serving.selfHeal), None when it is off
 
     @property
     def group_name(self) -> str:
@@ -299,6 +302,7 @@ def build(
         compile_cache_prefix=plan.compile_cache_prefix(stack),
         seed=SeedPlan(commands.seed_start(cfg, stack), commands.seed_stop(cfg, stack))
         if any(n.download is not None and n.download.from_head for n in nodes) else None,
+        guard=guard_plan.build(cfg, stack, stack[: -len(group) - 1] if group else stack),
     )
 
 
@@ -347,6 +351,9 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
         )
         for e, w in zip(sc.groups, workers)
     )
+    # behind the router, a group's guard takes it out of rotation while it heals, and puts it back
+    groups = tuple(replace(g, guard=guard_plan.build(e.cfg, g.stack, stack, url, w))
+                   for g, e, w in zip(groups, sc.groups, workers))  # fmt: skip
     cp = ClusterPlan(stack, groups, router, members)
     return replace(cp, gateway=_gateway(sc, stack, cp))
 
