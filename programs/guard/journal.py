@@ -18,6 +18,7 @@ from .decide import Memory
 
 FILE = "journal.json"
 PAUSE_FILE = "paused.json"  # the maintenance marker (`dspark guard pause` writes it over ssh)
+RETRY_FILE = "retry"  # `dspark guard resume`: after giving up, try again (the guard removes it)
 KEEP = 20  # heals kept in the journal
 VERSION = 1
 
@@ -26,6 +27,7 @@ class Journal:
     def __init__(self, directory: str, armed: list[str]):
         self.path = Path(directory) / FILE
         self.pause_path = Path(directory) / PAUSE_FILE
+        self.retry_path = Path(directory) / RETRY_FILE
         self.armed = list(armed)  # the containers this run of the guard may start: Pulumi's, by ID
         self.memory = Memory()
         self.heals: list[dict[str, Any]] = []
@@ -61,6 +63,16 @@ class Journal:
         by = f" by {doc['by']}" if doc.get("by") else ""
         till = f" until {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(float(until)))}" if until else ""
         return f"{doc.get('reason') or 'no reason given'}{by}{till}"
+
+    def retry_requested(self) -> bool:
+        """An operator asked to try again (`dspark guard resume`): the request is taken (the file removed)."""
+        try:
+            self.retry_path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return False
+        return True
 
     def record(self, heal: dict[str, Any]) -> None:
         self.heals = [*self.heals, heal][-KEEP:]

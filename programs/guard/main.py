@@ -111,6 +111,9 @@ class Guard:
             log(f"a heal was in progress when the guard stopped (attempt {j.healing.get('attempt')}, at "
                 f"{j.healing.get('step')}): it starts over unless the group serves")  # fmt: skip
         while not self.stop.is_set():
+            if j.retry_requested():
+                log("asked to try again: the attempts count from zero")
+                j.memory.exhausted, j.memory.attempts, j.memory.next_try = None, 0, 0.0
             obs_ranks = tuple(ranks[i].observe() for i in sorted(ranks))
             up = all(r.up for r in obs_ranks)
             obs = decide.Observation(time.time(), obs_ranks, self.health(hp.url) if up else None, j.paused())
