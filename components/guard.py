@@ -52,10 +52,17 @@ class Guard(pulumi.ComponentResource):
                 update=gn.bundle_write,
                 delete=gn.bundle_delete,
                 stdin=guard_plan.ARCHIVE_B64,
+                # A new directory (stateDir) is a new archive there, and the old one removed.
+                triggers=[gn.dir],
                 logging=remote.Logging.STDERR,
                 add_previous_output_in_env=False,
-                # Written only on a node that passed preflight.
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[node.preflight]),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    # Its delete empties the directory the new one may be written to: delete first.
+                    delete_before_replace=True,
+                    # Written only on a node that passed preflight.
+                    depends_on=[node.preflight],
+                ),
             )
             token = remote.Command(
                 f"{name}-{gn.node}-token",
@@ -63,7 +70,8 @@ class Guard(pulumi.ComponentResource):
                 create=gn.token_create,
                 delete=gn.token_delete,
                 stdin=self.token,
-                triggers=[self.token],
+                # A new token, or a new directory for it (the old file is deleted, never left behind).
+                triggers=[self.token, gn.dir],
                 logging=remote.Logging.NONE,
                 add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(

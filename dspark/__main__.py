@@ -141,7 +141,8 @@ def main(
         if args.command == "plan":
             return cmd_plan.run(stack, args.json, out)
         if args.command == "repair":
-            return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
+            return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack, guard=lambda: cmd_guard.collect(
+                stack, Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer)))  # fmt: skip
         if args.command == "restart":
             return cmd_restart.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
         if args.command == "smoke":

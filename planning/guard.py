@@ -80,7 +80,7 @@ def bundle_write(path: str, s: str = "") -> str:
 
 def bundle_delete(dir_: str, s: str = "") -> str:
     """On destroy: the archive, the journal and the maintenance marker, then the directory if empty."""
-    files = " ".join(q(f"{dir_}/{name}") for name in (ARCHIVE, "journal.json", "paused.json"))
+    files = " ".join(q(f"{dir_}/{name}") for name in (ARCHIVE, "journal.json", "paused.json", "retry"))
     return f"{s}rm -f {files}\n{s}rmdir {q(dir_)} 2>/dev/null || true\n"
 
 

@@ -54,7 +54,9 @@ class RankObs:
         if self.state == "paused":
             return f"{where} is paused (docker pause)"
         oom = ", OOM-killed (its container's memory limit)" if self.oom_killed else ""
-        return f"{where} {self.state} with code {self.exit_code}{oom}"
+        # 255: docker found it running when it started (its node rebooted or lost power under it)
+        lost = " (its node's docker restarted under it: a reboot or a power loss)" if self.exit_code == 255 else ""
+        return f"{where} {self.state} with code {self.exit_code}{oom}{lost}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class Observation:
     ranks: tuple[RankObs, ...]
     health: Optional[bool]  # the head's /health answered 200 (None: not asked)
     paused: Optional[str] = None  # the maintenance marker's reason; None: not paused
+    answered: frozenset[str] = frozenset()  # nodes whose guard answered before, in this run of the leader
 
 
 @dataclass(frozen=True)
@@ -139,8 +142,8 @@ def decide(obs: Observation, mem: Memory, s: Settings) -> Decision:
                                    "the guard never does; run `pulumi up` to create the group again")  # fmt: skip
     unreachable = [r for r in obs.ranks if r.state == UNREACHABLE]
     down = [r for r in obs.ranks if not r.up and r.state != UNREACHABLE]
-    for r in unreachable:
-        if r.node not in mem.lost:
+    for r in unreachable:  # lost: it answered, then stopped (not a guard that is still starting)
+        if r.node in obs.answered and r.node not in mem.lost:
             mem.lost.append(r.node)
     hung = False
     if not down and not unreachable:

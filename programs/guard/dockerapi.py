@@ -43,6 +43,16 @@ def epoch(stamp: Optional[str]) -> Optional[float]:
     return base + (int(digits) / 10 ** len(digits) if digits else 0.0)
 
 
+def demux(data: bytes) -> bytes:
+    """A container log without a TTY comes as frames: 1 byte stream, 3 zero bytes, a 4-byte big-endian length."""
+    out, i = bytearray(), 0
+    while i + 8 <= len(data) and data[i] in (0, 1, 2) and data[i + 1:i + 4] == b"\0\0\0":
+        size = int.from_bytes(data[i + 4:i + 8], "big")
+        out += data[i + 8:i + 8 + size]
+        i += 8 + size
+    return bytes(out) if i else data  # a TTY container's log is the raw bytes
+
+
 @dataclass(frozen=True)
 class Container:
     """What the guard needs of `docker inspect`."""
@@ -109,6 +119,13 @@ class Docker:
         status, data = self._call("POST", f"/containers/{quote(ref, safe='')}/start", timeout=120)
         if status not in (204, 304):
             raise DockerError(f"start {ref}: HTTP {status}: {self._message(data)}")
+
+    def tail(self, ref: str, lines: int = 20) -> list[str]:
+        """The last lines of a container's log (stdout and stderr, docker's stream frames taken apart)."""
+        status, data = self._call("GET", f"/containers/{quote(ref, safe='')}/logs?stdout=1&stderr=1&tail={int(lines)}")
+        if status != 200:
+            raise DockerError(f"logs {ref}: HTTP {status}: {self._message(data)}")
+        return demux(data).decode(errors="replace").splitlines()
 
     def stop(self, ref: str, grace: int) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds (304: it is stopped already)."""

@@ -12,6 +12,7 @@ A step that fails ends the attempt with its reason; the leader backs off and tri
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -67,6 +68,7 @@ class Rank(Protocol):
     def stop(self, grace: int) -> None: ...
     def start(self) -> None: ...
     def gates(self) -> tuple[bool, str]: ...
+    def tail(self, lines: int) -> list[str]: ...
 
 
 def observed(rank: int, node: str, docker: Docker, container: str) -> RankObs:
@@ -100,6 +102,9 @@ class LocalRank:
 
     def gates(self) -> tuple[bool, str]:
         return self.node_gates.run()
+
+    def tail(self, lines: int) -> list[str]:
+        return self.docker.tail(self.container, lines)
 
 
 class Peer:
@@ -158,6 +163,9 @@ class RemoteRank:
     def start(self) -> None:
         self.peer.call("start", timeout=180, container=self.container)
 
+    def tail(self, lines: int) -> list[str]:
+        return [str(line) for line in self.peer.call("tail", container=self.container, lines=lines).get("lines", [])]
+
     def gates(self) -> tuple[bool, str]:
         try:
             doc = self.peer.call("gates", timeout=GATE_TIMEOUT + 60, container=self.container)
@@ -188,15 +196,38 @@ class Stopping(Exception):
     """The guard is being stopped: leave the heal where it is (the journal says where)."""
 
 
-def down_rank(ranks: list[Rank]) -> Optional[str]:
-    """Why the booting group cannot come up (a rank no longer running), or None."""
+ERROR_LINE = re.compile(r"error|exception|traceback|fatal|failed|killed|abort", re.I)
+
+
+def last_error(r: Rank, key: str) -> str:
+    """The last error-like line of a rank's log (the key redacted), or ""."""
+    try:
+        lines = r.tail(40)
+    except (DockerError, OSError, wire.Refused, RuntimeError, ValueError):
+        return ""
+    found = next((line for line in reversed(lines) if ERROR_LINE.search(line)), "")
+    return probe.redact(found.strip(), key)[:300]
+
+
+def down_rank(ranks: list[Rank]) -> Optional[tuple[Rank, str]]:
+    """The rank that stops the booting group from coming up (no longer running), and why; None when all run."""
     for r in ranks:
         obs = r.observe()
         if obs.state == UNREACHABLE:
-            return obs.describe()
+            return r, obs.describe()
         if not obs.up:
-            return obs.describe() + " while the group booted"
+            return r, obs.describe() + " while the group booted"
     return None
+
+
+def stop_all(order: list[Rank], grace: int) -> None:
+    """After a failed start: every rank down (a half-started group holds memory and answers 503)."""
+    for r in order:
+        try:
+            if r.observe().state in ("running", "paused", "restarting"):
+                r.stop(grace)
+        except (DockerError, OSError, wire.Refused, RuntimeError):
+            pass
 
 
 def heal(ranks: dict[int, Rank], hp: HealPlan, key: str, fault: Fault, attempt: int,
@@ -221,10 +252,11 @@ def heal(ranks: dict[int, Rank], hp: HealPlan, key: str, fault: Fault, attempt: 
         step("out of rotation")
         membership.remove(hp.router, hp.worker, key, hp.engine, drain_timeout=0)
     step("stop")
+    grace = 1 if fault.kind == "hung" else hp.grace  # a stopped process never sees SIGTERM: kill it
     for r in order:
         try:
             if r.observe().state in ("running", "paused", "restarting"):
-                r.stop(hp.grace)
+                r.stop(grace)
         except (DockerError, OSError, wire.Refused, RuntimeError) as exc:
             return fail(f"rank {r.rank} ({r.node}) could not be stopped: {exc}")
     step("gates")
@@ -242,13 +274,26 @@ def heal(ranks: dict[int, Rank], hp: HealPlan, key: str, fault: Fault, attempt: 
     rec["restarted_at"] = clock()
     step("boot")
     lines: list[str] = []
-    ok = probe.wait_ready(
-        hp.url, key, hp.model, hp.prompt, hp.expect, hp.boot_timeout, hp.interval, log=lines.append,
-        ranks_down=lambda: "the guard is stopping" if stop.is_set() else down_rank(list(ranks.values())),
-    )  # fmt: skip
+    down: list[tuple[Rank, str]] = []
+
+    def why_down() -> Optional[str]:
+        if stop.is_set():
+            return "the guard is stopping"
+        found = down_rank(list(ranks.values()))
+        if found:
+            down.append(found)
+        return found[1] if found else None
+
+    ok = probe.wait_ready(hp.url, key, hp.model, hp.prompt, hp.expect, hp.boot_timeout, hp.interval,
+                          log=lines.append, ranks_down=why_down)  # fmt: skip
     if stop.is_set():
         raise Stopping("boot")
     if not ok:
+        stop_all(order, hp.grace)
+        if down:
+            r, why = down[-1]
+            tail = last_error(r, key)
+            return fail(why + (f"; its log ends: {tail}" if tail else ""))
         return fail(probe.redact(lines[-1] if lines else "not serving", key))
     rec["serving_at"] = clock()
     if hp.router and hp.worker:

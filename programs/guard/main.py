@@ -69,6 +69,8 @@ class Guard:
         action = doc["action"]
         if action == "state":
             return {"rank": heal.state_doc(heal.observed(self.a.rank, self.a.node, self.docker, self.a.container))}
+        if action == "tail":
+            return {"lines": self.docker.tail(self.a.container, min(int(doc.get("lines", 20)), 200))}
         if action == "stop":
             self.docker.stop(self.a.container, int(doc.get("grace", 10)))
         elif action == "start":
@@ -105,6 +107,7 @@ class Guard:
         hp = heal.HealPlan(**{**cfg["heal"], "start_order": tuple(cfg["heal"]["start_order"]),
                               "stop_order": tuple(cfg["heal"]["stop_order"])})  # fmt: skip
         ranks = self.ranks()
+        answered: set[str] = set()
         j = self.journal
         j.load()
         if j.healing:
@@ -116,7 +119,9 @@ class Guard:
                 j.memory.exhausted, j.memory.attempts, j.memory.next_try = None, 0, 0.0
             obs_ranks = tuple(ranks[i].observe() for i in sorted(ranks))
             up = all(r.up for r in obs_ranks)
-            obs = decide.Observation(time.time(), obs_ranks, self.health(hp.url) if up else None, j.paused())
+            obs = decide.Observation(time.time(), obs_ranks, self.health(hp.url) if up else None, j.paused(),
+                                     frozenset(answered))  # fmt: skip
+            answered |= {r.node for r in obs_ranks if r.state != decide.UNREACHABLE}
             d = decide.decide(obs, j.memory, settings)
             resumed = j.healing
             if resumed and d.state == "serving":
@@ -126,8 +131,9 @@ class Guard:
                           "ended_at": time.time()})  # fmt: skip
                 j.healing = None
             elif resumed and d.state not in ("paused", "blocked", "waiting", "exhausted"):
-                fault = decide.Fault(resumed.get("fault", "rank-exited"), "the heal the guard was in when it "
-                                     "stopped, started over", resumed.get("fault_at") or time.time())  # fmt: skip
+                fault = decide.Fault(resumed.get("fault", "rank-exited"), f"{resumed.get('detail', '')} (the heal "
+                                     "was started over: the guard stopped in the middle of it)",
+                                     resumed.get("fault_at") or time.time())  # fmt: skip
                 d = decide.Decision("healing", fault.detail, fault)
             j.state, j.reason = d.state, d.reason
             j.extra = {"ranks": [heal.state_doc(r) | {"rank": r.rank, "node": r.node} for r in obs_ranks],

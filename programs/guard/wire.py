@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 WINDOW_S = 30.0  # how far a request's clock may be from the receiver's (the nodes keep NTP time)
 HEADER = "X-Dspark-Guard-Signature"
-ACTIONS = ("state", "stop", "start", "gates")  # what one guard may ask another: nothing else
-READ_ONLY = ("state",)
+ACTIONS = ("state", "tail", "stop", "start", "gates")  # what one guard may ask another: nothing else
+READ_ONLY = ("state", "tail")
 
 
 class Refused(Exception):

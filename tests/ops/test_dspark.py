@@ -822,6 +822,16 @@ def repair(plans, yes=True, up_changes=None):
     return code, out.getvalue(), fake.calls
 
 
+def test_repair_stands_aside_while_the_guard_restores_the_group():
+    from dspark import cmd_repair
+    from dspark.stack import load
+
+    st, out, err = FakeAutoStack([{"same": 30}, {"same": 22, "replace": 8}]), io.StringIO(), io.StringIO()
+    code = cmd_repair.run(load("tp4", ROOT), out, err, yes=True, select=lambda s: st,
+                          guard=lambda: {"state": "healing", "reason": "attempt 1 of 3: rank 1 exited"})  # fmt: skip
+    assert code == 0 and "the guard is restoring the group" in out.getvalue() and st.calls == []
+
+
 def test_repair_refuses_a_config_change_nobody_applied():
     code, out, calls = repair([{"same": 30, "replace": 8}])
     assert code == 4 and "never applied" in out and "pulumi up --stack tp4" in out

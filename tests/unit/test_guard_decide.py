@@ -22,7 +22,7 @@ def ranks(**states) -> tuple[RankObs, ...]:
 
 def obs(now, health=True, paused=None, **states) -> Observation:
     rs = ranks(**states)
-    return Observation(now, rs, health if all(r.up for r in rs) else None, paused)
+    return Observation(now, rs, health if all(r.up for r in rs) else None, paused, frozenset(NODES))
 
 
 def test_a_serving_group_is_left_alone():
@@ -55,6 +55,14 @@ def test_a_node_that_does_not_answer_is_waited_for_then_the_group_heals_as_a_los
     d = decide.decide(obs(1030, rank1=("exited", 0, False, 994.0), rank0=("exited", 1, False, 995.0)), mem, S)
     assert d.state == "healing" and d.fault.kind == "node-lost" and d.fault.at == 994.0
     assert "spark2 stopped answering" in d.fault.detail
+
+
+def test_a_guard_that_never_answered_yet_is_no_lost_node():
+    mem = Memory()
+    first = Observation(1000, ranks(rank1="unreachable", rank0=("exited", 255, False, 990.0)), None, None, frozenset())
+    assert decide.decide(first, mem, S).state == "waiting" and mem.lost == []
+    d = decide.decide(obs(1010, rank1=("exited", 255, False, 990.0), rank0=("exited", 255, False, 990.0)), mem, S)
+    assert d.fault.kind == "rank-exited" and "a reboot or a power loss" in d.fault.detail
 
 
 def test_a_container_that_is_gone_blocks_the_guard_it_never_recreates():

@@ -39,6 +39,13 @@ def engine(tmp_path):
 
         def do_GET(self):
             calls.append(("GET", self.path))
+            if self.path.startswith("/containers/abc123/logs?"):
+                frames = b"".join(bytes([stream, 0, 0, 0]) + len(t).to_bytes(4, "big") + t
+                                  for stream, t in ((1, b"Load weight begin.\n"), (2, b"RuntimeError: CUDA\n")))
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(frames)))
+                self.end_headers()
+                return self.wfile.write(frames)
             self.reply(200, INSPECT) if self.path == "/containers/abc123/json" else self.reply(404, {"message": "No such container: x"})
 
         def do_POST(self):
@@ -79,3 +86,9 @@ def test_no_engine_is_an_error_that_says_where_it_looked(tmp_path):
     with pytest.raises(DockerError) as exc:
         Docker(str(tmp_path / "none.sock")).inspect("x")
     assert "none.sock" in str(exc.value)
+
+
+def test_a_log_tail_comes_apart_from_dockers_stream_frames(engine):
+    docker, calls = engine
+    assert docker.tail("abc123", 5) == ["Load weight begin.", "RuntimeError: CUDA"]
+    assert ("GET", "/containers/abc123/logs?stdout=1&stderr=1&tail=5") in calls

@@ -30,6 +30,9 @@ class FakeRank:
         self.calls.append(("gates", self.rank))
         return self.gate
 
+    def tail(self, lines):
+        return ["Load weight begin.", "RuntimeError: CUDA error: an illegal memory access (key sk-key)", "bye"]
+
 
 def fake_ready(url, key, model, prompt, expect, timeout, interval, log, ranks_down, **_):
     down = ranks_down()
@@ -96,7 +99,10 @@ def test_a_rank_that_dies_at_boot_fails_the_attempt_naming_it():
     ranks = [FakeRank(0, calls), FakeRank(1, calls), FakeRank(2, calls, dies_at_boot=True)]
     rec, _, _ = run(ranks, plan_for("sglang"))
     assert rec["result"] == "failed" and "rank 2 (spark3) exited with code 1 while the group booted" in rec["why"]
+    assert "its log ends: RuntimeError: CUDA error: an illegal memory access (key [secret])" in rec["why"]
     assert "restarted_at" in rec and "serving_at" not in rec
+    assert [r.state for r in ranks] == ["exited"] * 3, "a group that could not come up is left down, not half-started"
+    assert calls[-2:] == [("stop", 0), ("stop", 1)]
 
 
 def test_a_guard_being_stopped_leaves_the_heal_where_it_is():
