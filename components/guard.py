@@ -82,13 +82,18 @@ class Guard(pulumi.ComponentResource):
                     depends_on=[archive],
                 ),
             )
-            labels = {**gp.labels, "deepseek-spark.node": gn.node}
+            # The ranks' IDs, in its arguments (its own rank's; the leader's peers') and a label (all of them): the
+            # engine deletes it before any rank of the group, and a new group gets a new guard.
+            labels = {**gp.labels, "deepseek-spark.node": gn.node, "deepseek-spark.ranks": ids.apply(",".join)}
+            command = [*gp.base_args(gn.rank), "--container", args.ranks[gn.rank].id]
+            if gn.rank == 0:
+                command += ["--leader", ids.apply(lambda v: gp.leader_json(dict(enumerate(v))))]
             self.containers.append(docker.Container(
                 f"{name}-{gn.node}",
                 name=gn.container,
                 image=gn.image,
                 entrypoints=["python3"],
-                command=ids.apply(lambda v, rank=gn.rank: gp.args(rank, dict(enumerate(v)))),
+                command=command,
                 labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in sorted(labels.items())],
                 network_mode="host",
                 pid_mode="host",

@@ -128,19 +128,23 @@ class GuardPlan:
         return {"deepseek-spark.stack": self.group, "deepseek-spark.role": ROLE_LABEL,
                 "deepseek-spark.guard-archive": DIGEST}  # fmt: skip
 
+    def base_args(self, rank: int) -> list[str]:
+        """The guard's arguments on node `rank` that need no container ID (known at preview: what a policy reads)."""
+        n = self.nodes[rank]
+        return [f"{STATE_MOUNT}/{ARCHIVE}", "--stack", self.stack, "--group", self.group, "--node", n.node,
+                "--rank", str(rank), "--role", n.role, "--port", str(self.port), "--state-dir", STATE_MOUNT,
+                "--token-file", f"{STATE_MOUNT}/{TOKEN}", "--gates", json.dumps([[g, p, list(a)] for g, p, a in n.gates])]
+
+    def leader_json(self, ids: dict[int, str]) -> str:
+        """The leader's `--leader` document, given the rank containers' IDs: its peers, how to heal, when to stop."""
+        peers = [{"rank": p.rank, "node": p.node, "url": p.url, "container": ids[p.rank]} for p in self.nodes[1:]]
+        return json.dumps({"peers": peers, "heal": self.heal, "settings": self.settings,
+                           "key_file": plan.API_KEY_MOUNT, "interval": self.interval}, sort_keys=True)  # fmt: skip
+
     def args(self, rank: int, ids: dict[int, str]) -> list[str]:
         """The guard's arguments on node `rank`, given the rank containers' IDs (Pulumi's outputs)."""
-        n = self.nodes[rank]
-        argv = [f"{STATE_MOUNT}/{ARCHIVE}", "--stack", self.stack, "--group", self.group, "--node", n.node,
-                "--rank", str(rank), "--role", n.role, "--port", str(self.port), "--state-dir", STATE_MOUNT,
-                "--token-file", f"{STATE_MOUNT}/{TOKEN}", "--container", ids[rank],
-                "--gates", json.dumps([[g, p, list(a)] for g, p, a in n.gates])]  # fmt: skip
-        if rank == 0:
-            peers = [{"rank": p.rank, "node": p.node, "url": p.url, "container": ids[p.rank]} for p in self.nodes[1:]]
-            argv += ["--leader", json.dumps({"peers": peers, "heal": self.heal, "settings": self.settings,
-                                             "key_file": plan.API_KEY_MOUNT, "interval": self.interval},
-                                            sort_keys=True)]  # fmt: skip
-        return argv
+        argv = [*self.base_args(rank), "--container", ids[rank]]
+        return argv + (["--leader", self.leader_json(ids)] if rank == 0 else [])
 
 
 def orders(cfg: ClusterConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:

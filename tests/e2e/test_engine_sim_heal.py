@@ -21,7 +21,9 @@ from e2e.conftest import (
     CLUSTER, ask, client_env, container_events, containers_of, dspark, first_event, guards_of, node_sh,
     resources_summary,
 )  # fmt: skip
-from e2e.timings import HEALS, TIMINGS
+from e2e import healing
+from e2e.healing import BOUND_S
+from e2e.timings import TIMINGS
 from sim import cluster as sim_cluster
 from sim import faults as sim_faults
 
@@ -32,40 +34,14 @@ SHARE_WITH_NEXT = True  # test_engine_sim_dspark goes on with them
 NODES = ("spark1", "spark2", "spark3")
 RANKS = ("sim-rank0", "sim-rank1", "sim-rank2")
 LEADER = "http://172.30.99.11:9850"
-BOOT_S = 20.0  # the sim's boot: a node ~5 s, the group ~5-15 s (a Spark's takes 12-13 minutes)
-BOUND_S = BOOT_S + 60  # the issue's bound: the endpoint answers again within the sim's boot time + 60 s
 
 
 def guard_status() -> dict:
-    with urllib.request.urlopen(LEADER + "/status", timeout=5) as resp:
-        return json.load(resp)
+    return healing.guard_status(LEADER)
 
 
 def wait_guard(pred, timeout: float = 120, what: str = "") -> dict:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = guard_status()
-            if pred(last):
-                return last
-        except OSError as exc:
-            last = {"error": str(exc)}
-        time.sleep(0.5)
-    raise AssertionError(f"the guard did not {what} within {timeout:.0f}s; last: {json.dumps(last)[:2000]}")
-
-
-def answering(env, deadline: float) -> float:
-    """Ask until an answer comes (each try bounded), return when it did."""
-    last = None
-    while time.time() < deadline:
-        try:
-            if "42" in ask(env):
-                return time.time()
-        except Exception as exc:  # openai's errors: connection refused, 503, timeouts
-            last = exc
-        time.sleep(0.5)
-    raise AssertionError(f"no answer within the bound: {last!r}")
+    return healing.wait_guard(LEADER, pred, timeout, what)
 
 
 @pytest.fixture(scope="module")
@@ -78,20 +54,8 @@ def up(project, tmp_path_factory):
 
 
 def heal(project, up, label: str, fault, kinds: tuple[str, ...]) -> dict:
-    """Break the group with `fault`, touch nothing, and time its way back: the guard's marks and a client's."""
-    before = len(guard_status()["heals"])
     ranks = containers_of(STACK)
-    t0 = time.time()
-    fault()
-    t_answer = answering(up.env, t0 + BOUND_S)
-    doc = wait_guard(lambda s: len(s["heals"]) > before and s["state"] == "serving", what="record the heal")
-    h = doc["heals"][-1]
-    assert h["result"] == "served" and h["fault"] in kinds, h
-    marks = {"detected": h["detected_at"] - t0, "restarted": h["restarted_at"] - t0, "serving": h["serving_at"] - t0,
-             "answering": t_answer - t0}  # fmt: skip
-    HEALS[label] = marks
-    TIMINGS[f"heal: {label}, fault to answering"] = marks["answering"]
-    assert marks["answering"] <= BOUND_S, marks
+    h = healing.timed_heal(label, LEADER, fault, lambda: ask(up.env), kinds)
     assert containers_of(STACK) == ranks, "the guard started the containers Pulumi created: same IDs"
     return h
 
@@ -180,7 +144,7 @@ def test_a_rank_that_dies_at_every_boot_stops_after_the_attempts_and_says_why(up
     t1 = time.time()
     code, out = dspark(project, "guard", "resume")
     assert code == 0, out
-    answering(up.env, t1 + BOUND_S)
+    healing.answering(lambda: ask(up.env), t1 + BOUND_S)
     wait_guard(lambda s: s["state"] == "serving", what="serve after resume")
 
 
@@ -233,5 +197,5 @@ def test_paused_for_maintenance_the_guard_leaves_a_stopped_rank_alone_until_resu
     t0 = time.time()
     code, out = dspark(project, "guard", "resume")
     assert code == 0, out
-    answering(up.env, t0 + BOUND_S)
+    healing.answering(lambda: ask(up.env), t0 + BOUND_S)
     wait_guard(lambda s: s["state"] == "serving", what="serve")
