@@ -351,8 +351,11 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
         )
         for e, w in zip(sc.groups, workers)
     )
-    # behind the router, a group's guard takes it out of rotation while it heals, and puts it back
-    groups = tuple(replace(g, guard=guard_plan.build(e.cfg, g.stack, stack, url, w))
+    # Behind the router, a group's guard takes it out of rotation while it heals, and puts it back; a router where
+    # Pulumi runs is at 127.0.0.1 only for Pulumi (unless router.address says where the nodes reach it): the guard
+    # then leaves the rotation to the router's own health checks.
+    reach = url if (r.node != LOCAL or r.address) else None
+    groups = tuple(replace(g, guard=guard_plan.build(e.cfg, g.stack, stack, reach, w if reach else None))
                    for g, e, w in zip(groups, sc.groups, workers))  # fmt: skip
     cp = ClusterPlan(stack, groups, router, members)
     return replace(cp, gateway=_gateway(sc, stack, cp))

@@ -91,3 +91,13 @@ def test_the_guard_mounts_its_directory_the_docker_socket_and_on_the_head_the_ke
     key = next(m for m in head.mounts if m.target == "/run/secrets/dspark-api-key")
     assert key.read_only and key.source.endswith("/sim/api-key")
     assert head.dir == "/var/lib/deepseek-spark/guard/sim"
+
+
+def test_a_router_where_pulumi_runs_is_no_address_for_the_guard_unless_router_address_says_one():
+    raw = yaml.safe_load((ROOT / "Pulumi.sim-x2.yaml").read_text())["config"]["deepseek-spark:cluster"]
+    raw["router"]["node"] = "local"
+    cp = stackplan.build_stack(config.parse_stack(raw), "sim-x2")
+    assert all(g.guard.heal["router"] is None and g.guard.heal["worker"] is None for g in cp.groups)
+    raw["router"]["address"] = "172.30.99.1"
+    cp = stackplan.build_stack(config.parse_stack(raw), "sim-x2")
+    assert all(g.guard.heal["router"] == "http://172.30.99.1:8889" for g in cp.groups)

@@ -264,3 +264,13 @@ def test_vllm_mp_backend_may_set_dist_port_and_keeps_ray_port():
     assert [f.field for f in _findings(raw, "ports-distinct")] == ["serving.distPort"]
     ray = _set(["serving", "distPort"], 29500)(cluster_of("tp2"))
     assert [f.field for f in _findings(ray, "engine-fields")] == ["serving.distPort"]  # the Ray backend has no use for it
+
+
+def test_the_guards_port_is_its_own_on_every_node():
+    raw = cluster_of("tp4")
+    raw["serving"]["selfHeal"] = {"port": 20000}  # the rendezvous port
+    found = _findings(raw, "ports-distinct")
+    assert [(f.field, f.value) for f in found] == [("serving.selfHeal.port", 20000)]
+    assert "equals serving.distPort" in str(found[0]) and "selfHeal.port 9850" in str(found[0])
+    raw["serving"]["selfHeal"] = {"enabled": False, "port": 20000}  # no guard, no port
+    assert _findings(raw, "ports-distinct") == []
