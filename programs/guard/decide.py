@@ -142,6 +142,8 @@ def decide(obs: Observation, mem: Memory, s: Settings) -> Decision:
                                    "the guard never does; run `pulumi up` to create the group again")  # fmt: skip
     unreachable = [r for r in obs.ranks if r.state == UNREACHABLE]
     down = [r for r in obs.ranks if not r.up and r.state != UNREACHABLE]
+    if unreachable and not down and obs.health is True:  # the head answers: the group serves, a guard is away
+        return Decision("serving", "the head answers; " + "; ".join(r.describe() for r in unreachable))
     for r in unreachable:  # lost: it answered, then stopped (not a guard that is still starting)
         if r.node in obs.answered and r.node not in mem.lost:
             mem.lost.append(r.node)

@@ -118,7 +118,7 @@ class Guard:
                 log("asked to try again: the attempts count from zero")
                 j.memory.exhausted, j.memory.attempts, j.memory.next_try = None, 0, 0.0
             obs_ranks = tuple(ranks[i].observe() for i in sorted(ranks))
-            up = all(r.up for r in obs_ranks)
+            up = all(r.up or r.state == decide.UNREACHABLE for r in obs_ranks)  # none known down: ask the head
             obs = decide.Observation(time.time(), obs_ranks, self.health(hp.url) if up else None, j.paused(),
                                      frozenset(answered))  # fmt: skip
             answered |= {r.node for r in obs_ranks if r.state != decide.UNREACHABLE}

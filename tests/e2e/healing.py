@@ -46,6 +46,16 @@ def answering(ask: Callable[[], str], deadline: float, expect: str = "42") -> fl
     raise AssertionError(f"no answer within the bound: {last!r}")
 
 
+def quick_ask(env: dict[str, str]) -> str:
+    """One question with a short timeout: a request to a hung head must not hide the heal behind its wait."""
+    import openai
+
+    client = openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=5)
+    resp = client.chat.completions.create(model=env["OPENAI_MODEL"], max_tokens=32,
+                                          messages=[{"role": "user", "content": "What is 19 + 23?"}])  # fmt: skip
+    return resp.choices[0].message.content or ""
+
+
 def timed_heal(label: str, leader: str, fault: Callable[[], None], ask: Callable[[], str],
                kinds: tuple[str, ...]) -> dict:  # fmt: skip
     """Break the group with `fault`, run no command, and time its way back: the guard's marks and a client's

@@ -266,7 +266,7 @@ def test_one_group_heals_out_of_rotation_while_the_other_answers_every_request(f
         time.sleep(2)
         h = healing.timed_heal("tp4x2: a rank of one group SIGKILLed", leader_b,
                                lambda: node_sh("spark4", "docker kill -s KILL sim-x2-b-rank1"),
-                               lambda: ask(first.env), ("rank-exited",))  # fmt: skip
+                               lambda: healing.quick_ask(first.env), ("rank-exited",))  # fmt: skip
         b_back = time.time()
         time.sleep(3)
         served_by_b = routed_successes().get(HEADS["b"], 0)

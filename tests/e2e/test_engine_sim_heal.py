@@ -49,13 +49,20 @@ def up(project, tmp_path_factory):
     project.up().check()
     env = client_env(project, tmp_path_factory.mktemp("client"))
     wait_guard(lambda s: s["state"] == "serving", what="serve")
-    dspark(project, "guard", "resume")  # start every test's episode from zero attempts
     return SimpleNamespace(env=env)
 
 
+def fresh_episode(project) -> None:
+    """Each fault here starts an episode of its own: the heals of the tests before it are within stableSeconds,
+    and a fourth would be past maxAttempts (test_a_rank_that_dies_at_every_boot... shows that)."""
+    assert dspark(project, "guard", "resume")[0] == 0
+    wait_guard(lambda s: s["memory"]["attempts"] == 0 and s["state"] == "serving", what="start a new episode")
+
+
 def heal(project, up, label: str, fault, kinds: tuple[str, ...]) -> dict:
+    fresh_episode(project)
     ranks = containers_of(STACK)
-    h = healing.timed_heal(label, LEADER, fault, lambda: ask(up.env), kinds)
+    h = healing.timed_heal(label, LEADER, fault, lambda: healing.quick_ask(up.env), kinds)
     assert containers_of(STACK) == ranks, "the guard started the containers Pulumi created: same IDs"
     return h
 
@@ -119,8 +126,7 @@ def test_a_hung_head_heals(up, project):
 
 
 def test_a_rank_that_dies_at_every_boot_stops_after_the_attempts_and_says_why(up, project):
-    dspark(project, "guard", "resume")  # this episode's attempts from zero
-    wait_guard(lambda s: s["memory"]["attempts"] == 0, what="reset its attempts")
+    fresh_episode(project)
     t0 = time.time()
     sim_faults.crash_at_boot(CLUSTER, "spark3", log=lambda m: None)
     try:
@@ -144,12 +150,12 @@ def test_a_rank_that_dies_at_every_boot_stops_after_the_attempts_and_says_why(up
     t1 = time.time()
     code, out = dspark(project, "guard", "resume")
     assert code == 0, out
-    healing.answering(lambda: ask(up.env), t1 + BOUND_S)
+    healing.answering(lambda: healing.quick_ask(up.env), t1 + BOUND_S)
     wait_guard(lambda s: s["state"] == "serving", what="serve after resume")
 
 
 def test_a_guard_killed_mid_heal_finishes_the_heal_once_docker_restarts_it(up, project):
-    dspark(project, "guard", "resume")
+    fresh_episode(project)
     before = len(guard_status()["heals"])
     t0 = time.time()
     node_sh("spark2", "docker kill -s KILL sim-rank1")
@@ -166,6 +172,7 @@ def test_a_guard_killed_mid_heal_finishes_the_heal_once_docker_restarts_it(up, p
 def test_an_up_that_changes_the_group_while_the_guard_heals_converges_as_before(up, project):
     """The engine deletes the guards before any rank (their arguments hold the ranks' IDs), so the `up`'s own
     order holds: every old rank gone before any new one starts, the head down first and up last."""
+    fresh_episode(project)
     before = containers_of(STACK)
     project.set_config("cluster.serving.generation", "100")  # a group restart on purpose
     node_sh("spark3", "docker kill -s KILL sim-rank2")
@@ -197,5 +204,5 @@ def test_paused_for_maintenance_the_guard_leaves_a_stopped_rank_alone_until_resu
     t0 = time.time()
     code, out = dspark(project, "guard", "resume")
     assert code == 0, out
-    healing.answering(lambda: ask(up.env), t0 + BOUND_S)
+    healing.answering(lambda: healing.quick_ask(up.env), t0 + BOUND_S)
     wait_guard(lambda s: s["state"] == "serving", what="serve")

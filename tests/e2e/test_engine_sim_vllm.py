@@ -82,7 +82,7 @@ def test_a_ray_worker_sigkilled_heals_the_group_head_first(first, project):
     before = containers_of(STACK, NODES)
     t0 = time.time()
     healing.timed_heal("vLLM + Ray: the Ray worker SIGKILLed", LEADER,
-                       lambda: node_sh("spark2", f"docker kill -s KILL {WORKER}"), lambda: ask(first[1]),
+                       lambda: node_sh("spark2", f"docker kill -s KILL {WORKER}"), lambda: healing.quick_ask(first[1]),
                        ("rank-exited",))  # fmt: skip
     events = container_events(t0, time.time() + 1, NODES)
     starts = {n: first_event(events, "start", n).t for n in (HEAD, WORKER)}
@@ -120,7 +120,7 @@ def test_the_mp_backend_serves_without_ray(first, project):
         assert "ray start" not in run and '"serve"' in run and "--master-addr" in run, run
         assert ("--headless" in run) == (i == 1), run
     healing.timed_heal("vLLM mp: the headless worker SIGKILLed", LEADER,
-                       lambda: node_sh("spark2", f"docker kill -s KILL {WORKER}"), lambda: ask(first[1]),
+                       lambda: node_sh("spark2", f"docker kill -s KILL {WORKER}"), lambda: healing.quick_ask(first[1]),
                        ("rank-exited",))  # fmt: skip
     project.cli("config", "rm", "--path", "deepseek-spark:cluster.serving.distributedExecutorBackend").check()
     project.up().check()

@@ -57,6 +57,13 @@ def test_a_node_that_does_not_answer_is_waited_for_then_the_group_heals_as_a_los
     assert "spark2 stopped answering" in d.fault.detail
 
 
+def test_a_guard_away_while_the_head_answers_is_no_fault():
+    mem = Memory()
+    away = Observation(1000, ranks(rank2="unreachable"), True, None, frozenset(NODES))
+    d = decide.decide(away, mem, S)
+    assert d.state == "serving" and "spark3" in d.reason and mem.lost == [] and mem.fault_since is None
+
+
 def test_a_guard_that_never_answered_yet_is_no_lost_node():
     mem = Memory()
     first = Observation(1000, ranks(rank1="unreachable", rank0=("exited", 255, False, 990.0)), None, None, frozenset())
