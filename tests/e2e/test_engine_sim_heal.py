@@ -160,7 +160,7 @@ def test_a_guard_killed_mid_heal_finishes_the_heal_once_docker_restarts_it(up, p
     t0 = time.time()
     node_sh("spark2", "docker kill -s KILL sim-rank1")
     doc = wait_guard(lambda s: (s.get("healing") or {}).get("step") in ("gates", "start", "boot"), what="heal")
-    node_sh("spark1", "pkill -9 -f guard.pyz")  # its process dies; docker's restart policy brings it back
+    node_sh("spark1", "pkill -9 -f '[g]uard.pyz'")  # its process dies; docker's restart policy brings it back
     doc = wait_guard(lambda s: len(s["heals"]) > before and s["state"] == "serving", what="finish the heal")
     TIMINGS["heal: the guard killed mid-heal, fault to serving"] = doc["heals"][-1]["serving_at"] - t0
     assert "started over" in doc["heals"][-1]["detail"], doc["heals"][-1]
