@@ -266,7 +266,7 @@ def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, http_status: Opt
     if guard is not None:
         findings += guard_findings(stack, nodes, guard)
         if guard["state"] == "paused":
-            notes.append(f"the guard is paused ({guard['reason']}): `python -m dspark guard resume --stack {stack.name}`")
+            notes.append(f"the guard is {guard['reason']}: `python -m dspark guard resume --stack {stack.name}`")
     code = 1 if findings else 0
     doc = {
         "stack": stack.short,

@@ -209,8 +209,7 @@ def _guard_verdict(stack: Stack, doc: dict) -> None:
         doc["fixes"].insert(0, f"fix the cause, then `python -m dspark guard resume --stack {name}` (the guard tries "
                                f"again) or `python -m dspark restart --stack {name} --yes`")  # fmt: skip
     elif state == "paused":
-        doc["notes"].append(f"the guard is paused ({g['reason']}): nothing heals until "
-                            f"`python -m dspark guard resume --stack {name}`")  # fmt: skip
+        doc["notes"].append(f"the guard is {g['reason']}: `python -m dspark guard resume --stack {name}`")
     elif state in ("not looking", "blocked", None):
         doc["problems"].append(f"the guard on {g['leader']} is not healing the group: {g['reason']}")
     if (stopped or state in ("not looking", "blocked", None)) and doc["exit_code"] == 0:

@@ -134,8 +134,7 @@ def fault_of(down: list[RankObs], mem: Memory, now: float) -> Fault:
 def decide(obs: Observation, mem: Memory, s: Settings) -> Decision:
     """What to do now; updates `mem` (times seen, the end of an episode)."""
     if obs.paused is not None:
-        return Decision("paused", f"paused for maintenance ({obs.paused}): nothing is restarted until "
-                                  "`dspark guard resume`")  # fmt: skip
+        return Decision("paused", f"paused for maintenance ({obs.paused}): nothing is restarted until it is resumed")
     missing = [r for r in obs.ranks if r.state == MISSING]
     if missing:
         return Decision("blocked", "; ".join(r.describe() for r in missing) + ": only Pulumi creates containers, "

@@ -200,7 +200,8 @@ def test_paused_for_maintenance_the_guard_leaves_a_stopped_rank_alone_until_resu
     time.sleep(12)
     assert node_sh("spark2", "docker inspect -f '{{.State.Status}}' sim-rank1").strip() == "exited"
     code, out = dspark(project, "status")
-    assert code == 2 and "the guard is paused (swapping spark2's cable" in out, out
+    assert code == 2 and "the guard is paused for maintenance (swapping spark2's cable" in out, out
+    assert "python -m dspark guard resume --stack sim" in out
     t0 = time.time()
     code, out = dspark(project, "guard", "resume")
     assert code == 0, out
