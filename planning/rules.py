@@ -398,6 +398,9 @@ def _engine_version(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     ambiguous flag exits at boot. Checked against the real parser's option table where one was dumped
     (declared/options), and against flags.HISTORY for any release."""
     engine, version = cfg.engine, cfg.engine_version
+    profile = plan.PROFILES.get(cfg.model.profile)
+    if profile is None or profile.engine != engine:
+        return []  # known-profile says why; the rank specs (their memory limits) need the profile's figures
     minimum = flags.MIN_VERSION[engine]
     if flags.version_key(version) < flags.version_key(minimum):
         return [Finding("engine-version", "engineVersion", version,

@@ -264,3 +264,10 @@ def test_vllm_mp_backend_may_set_dist_port_and_keeps_ray_port():
     assert [f.field for f in _findings(raw, "ports-distinct")] == ["serving.distPort"]
     ray = _set(["serving", "distPort"], 29500)(cluster_of("tp2"))
     assert [f.field for f in _findings(ray, "engine-fields")] == ["serving.distPort"]  # the Ray backend has no use for it
+
+
+@pytest.mark.parametrize("profile", ["llama", "deepseek-v4.1-flash-nvfp4"])  # unknown; the other engine's
+def test_a_profile_without_figures_for_the_engine_is_reported_not_a_crash(profile):
+    """The rules that plan rank specs (engine-version) wait for known-profile instead of failing on the figures."""
+    errors, _ = rules.check(parse_cluster(_set(["model", "profile"], profile)(cluster_of("tp4"))), "tp4")
+    assert [e.rule for e in errors] == ["known-profile"]
