@@ -59,6 +59,12 @@ def test_router_runs_sglang_router_with_every_group_as_a_worker(rec, stack):
     assert rec.named(f"{stack}-router-docker").inputs["host"].endswith(f"@{host}")
 
 
+def test_the_router_has_a_memory_limit(rec, stack):
+    """router.memoryMiB (1024) is the router container's limit, no swap."""
+    router = rec.named(f"{stack}-router-container")
+    assert router.inputs["memory"] == router.inputs["memorySwap"] == 1024
+
+
 def test_the_key_never_reaches_router_args_labels_or_outputs(rec):
     for res in rec.resources:
         for text in plain_strings(res.inputs):
