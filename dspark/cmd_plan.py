@@ -38,7 +38,7 @@ import shlex
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from planning import fabric, plan, rules, stackplan
+from planning import fabric, plan, rules
 
 from .nodes import preflight_checks
 from .render import table, to_json
@@ -65,7 +65,7 @@ def build(stack: Stack) -> dict[str, Any]:
     if errors:  # like preview: nothing is planned from a config that breaks a rule
         doc.update(image={"name": cfg.image, "build": None}, group_revision=None, memory_plan=None, nodes=[])
         return doc
-    sp = stackplan.build(cfg, name, routed=stack.routed)  # the same object the program builds its resources from
+    sp = stack.group_plan()  # the same object the program builds its resources from
     b = sp.image.build
     doc["image"] = {
         "name": sp.image.name,
@@ -79,7 +79,7 @@ def build(stack: Stack) -> dict[str, Any]:
     doc["memory_plan"] = memory
     by_role = {r["role"]: r for r in memory["ranks"]}
     nodes = []
-    for spec, node in zip(sp.group.specs, sp.nodes):
+    for spec, node, nb in zip(sp.group.specs, sp.nodes, sp.budgets):
         nodes.append(
             {
                 "rank": node.rank,
@@ -116,7 +116,7 @@ def build(stack: Stack) -> dict[str, Any]:
                 "memory": by_role.get(spec.role) or by_role.get("head"),
                 # the rank container's limit (memory = memorySwap) and what the memory gate wants available
                 "memory_limit_mib": spec.memory_mib,
-                "memory_gate_need_mib": plan.rank_need_mib(cfg, node.rank) if cfg.memory.memory_gate else None,
+                "memory_gate_need_mib": nb.rank.need_mib if cfg.memory.memory_gate else None,
             }  # fmt: skip
         )
     doc["nodes"] = nodes

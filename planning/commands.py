@@ -415,11 +415,13 @@ def fabric_gate(cfg: ClusterConfig) -> str | None:
                      *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg))])  # fmt: skip
 
 
-def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False) -> str:
+def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: int | None = None) -> str:
     """`python3 -` of programs/memgate.py (on stdin) on the rank's node: sync and drop the page cache
-    (memory.dropCaches), then MemAvailable against plan.rank_need_mib; `report_only`: figures only."""
+    (memory.dropCaches), then MemAvailable against the rank's need (`need_mib`: its node's budget entry,
+    planning/budget.py; default plan.rank_need_mib, the same figure); `report_only`: figures only."""
+    need = plan.rank_need_mib(cfg, rank) if need_mib is None else need_mib
     args = ["--node", cfg.nodes[rank].name, "--role", "head" if rank == 0 else "worker",
-            "--need-mib", str(plan.rank_need_mib(cfg, rank))]  # fmt: skip
+            "--need-mib", str(int(need))]  # fmt: skip
     if report_only:
         args.append("--report-only")
     elif not cfg.memory.drop_caches:
