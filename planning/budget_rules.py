@@ -29,10 +29,6 @@ def budgets(sc: StackConfig, stack: str) -> tuple[NodeBudget, ...]:
     return budget.node_budgets(sc, stack)
 
 
-def _gib(mib: int) -> str:
-    return f"{mib / 1024:.1f}"
-
-
 def _need_knobs(cfg: ClusterConfig) -> str:
     if cfg.engine == "vllm":
         return "serving.gpuMemoryUtilization or serving.maxModelLen"

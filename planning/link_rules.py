@@ -61,16 +61,17 @@ def _link_ips(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
             net = _net(ip, p)
             if net is None:
                 continue
-            mine = [(label, other) for label, other in
-                    (("fabricIp", node.fabric_ip), *((f"linkIps[{m}]", x) for m, x in enumerate(node.link_ips) if m != k))
-                    if _net(other, p) == net]  # fmt: skip
+            # the node's other addresses (a duplicate of this one is reported once, above)
+            own = [("fabricIp", node.fabric_ip), *((f"linkIps[{m}]", x) for m, x in enumerate(node.link_ips) if x != ip)]
+            mine = [(label, other) for label, other in own if _net(other, p) == net]
             if mine:
                 out.append(Finding(RULE, field, ip, f"is on {net} like {node.name}'s own {mine[0][0]} {mine[0][1]}: "
                                    "two ports of one node on one subnet, so the kernel and NCCL may send a peer's "
                                    "traffic out of the wrong one", f"give each cable its own /{p} subnet "
                                    "(fabric.prefixLength)"))  # fmt: skip
                 continue
-            peers = [n.name for j, n in enumerate(cfg.nodes) if j != i and any(_net(a, p) == net for a in fabric.addresses(n))]
+            peers = [n.name for j, n in enumerate(cfg.nodes)
+                     if j != i and any(_net(a, p) == net for a in fabric.addresses(n))]  # fmt: skip
             if not peers:
                 out.append(Finding(RULE, field, ip, f"no other node has an address on {net}, so the cable this address "
                                    "is for reaches no peer", "give the node it is cabled to its address on that link "

@@ -38,6 +38,11 @@ def test_each_bad_link_address_is_refused_with_its_field_and_fix(links, field, p
     assert str(found[0]).startswith(f"cluster.{field} = ")
 
 
+def test_one_mistake_is_one_finding():
+    assert [f.field for f in findings("tp3", n0=["10.0.23.1", "10.0.23.1"])] == ["nodes[0].linkIps[1]"]
+    assert [f.field for f in findings("tp3", n0=["10.0.22.1"])] == ["nodes[0].linkIps[0]"]
+
+
 def test_a_subnet_shared_by_several_nodes_is_fine_on_a_switch():
     """topology switch: a second port's subnet reaches every node through the switch."""
     raw = cluster_of("tp4")
