@@ -41,7 +41,7 @@ class Placed:
     role: str  # RANK, "router", "gateway", "gateway-db", ...
     limit_mib: int  # its memory limit (memory = memorySwap)
     need_mib: Optional[int] = None  # a rank: what must be available when it starts (the memory gate's figure)
-    field: str = ""  # the config field that sets the limit (findings name it); "" for a rank (derived)
+    field: str = ""  # the config field that sets the limit, as findings name it (group_field); "" for a rank
 
     def to_output(self) -> dict:
         return {"container": self.container, "role": self.role, "limitMiB": self.limit_mib, "needMiB": self.need_mib}
@@ -118,10 +118,19 @@ def side_containers(sc: StackConfig, stack: str) -> list[Placed]:
             out.append(Placed(where, gateway.container_name(stack), "gateway", gw.memory_mib, field="gateway.memoryMiB"))
             out.append(Placed(where, gateway.database_name(stack), "gateway-db", gw.database_memory_mib,
                               field="gateway.databaseMemoryMiB"))  # fmt: skip
-    # ---- a new kind of container on the nodes goes here: one Placed(node, container, role, limit_mib,
-    # field="<the config field of its limit>") per node it runs on, its limit the one its plan gives the
-    # container (e.g. for each group entry and each of its nodes, for a per-node guard).
+    # ---- ADD A NEW KIND OF CONTAINER HERE: one Placed per node it runs on, with the limit its plan gives the
+    # container (the same figure, not a copy of it) and the config field that sets it, e.g. a guard on every
+    # node of every group:
+    #     for i, e in enumerate(sc.groups):
+    #         out += [Placed(n.name, f"{e.plan_name(stack)}-guard", "guard", <its limit, MiB>,
+    #                        field=group_field(sc, i, "serving.selfHeal.memoryMiB")) for n in e.cfg.nodes]
     return out
+
+
+def group_field(sc: StackConfig, group: int, path: str) -> str:
+    """A per-group field as the findings name it: `groups[i](name).<path>` in a stack with groups."""
+    name = sc.groups[group].name
+    return path if name is None else f"groups[{group}]({name}).{path}"
 
 
 def group_budgets(cfg: ClusterConfig, name: str, side: list[Placed] | tuple[Placed, ...] = (),

@@ -55,7 +55,7 @@ def _move_others(b: NodeBudget) -> str:
 
 def _short(b: NodeBudget, sc: StackConfig) -> Finding:
     """The rank's limit (what the budget leaves it) is below what it needs to start."""
-    cfg, where, r = sc.groups[b.group].cfg, rules._where(sc, b.group), b.rank
+    cfg, r = sc.groups[b.group].cfg, b.rank
     # the largest reserve (GiB, to 0.1) with which the budget still holds the rank's need and the others' limits
     reserve = int((b.unified_mib - r.need_mib - sum(c.limit_mib for c in b.others)) / 1024 * 10) / 10
     fixes = [f"lower memory.hostReserveGiB to at most {reserve:g}"] if reserve >= 0.5 else []
@@ -65,11 +65,11 @@ def _short(b: NodeBudget, sc: StackConfig) -> Finding:
     if b.others and r.need_mib <= b.budget_mib:  # the rank alone would fit: name what came beside it
         field, value = b.others[0].field, b.others[0].limit_mib
     elif reserve >= 0.5:  # the reserve is what takes the room
-        field, value = where + "memory.hostReserveGiB", cfg.memory.host_reserve_gib
+        field, value = budget.group_field(sc, b.group, "memory.hostReserveGiB"), cfg.memory.host_reserve_gib
     elif cfg.engine == "vllm":
-        field, value = where + "serving.gpuMemoryUtilization", cfg.serving.gpu_memory_utilization
+        field, value = budget.group_field(sc, b.group, "serving.gpuMemoryUtilization"), cfg.serving.gpu_memory_utilization
     else:
-        field, value = where + "serving.maxTotalTokens", cfg.serving.max_total_tokens
+        field, value = budget.group_field(sc, b.group, "serving.maxTotalTokens"), cfg.serving.max_total_tokens
     return Finding("node-memory-budget", field, value,
                    f"rank {r.container} on {b.node} needs {r.need_mib:,} MiB to start (the memory gate's figure) but "
                    f"its limit is {r.limit_mib:,} MiB: {_budget_text(b, cfg)}{_others(b)}, so its own limit would "
@@ -83,7 +83,7 @@ def _over(b: NodeBudget, sc: StackConfig) -> Finding:
     if b.others:  # the other containers' limits are stack fields (router.*, gateway.*)
         field, value, fix = b.others[0].field, b.others[0].limit_mib, _move_others(b)
     else:
-        field, value = rules._where(sc, b.group) + "memory.hostReserveGiB", cfg.memory.host_reserve_gib
+        field, value = budget.group_field(sc, b.group, "memory.hostReserveGiB"), cfg.memory.host_reserve_gib
         fix = "lower the containers' limits, or memory.hostReserveGiB"
     return Finding("node-memory-budget", field, value,
                    f"the limits of the containers on {b.node} add up to {b.limits_mib:,} MiB ({listed}), "
@@ -115,7 +115,7 @@ def _thin(sc: StackConfig, stack: str = "") -> list[Finding]:
         r, cfg = b.rank, sc.groups[b.group].cfg
         margin = r.limit_mib - r.need_mib
         if 0 <= margin < budget.THIN_HEADROOM_MIB:
-            out.append(Finding("node-memory-headroom-warning", rules._where(sc, b.group) + "memory.hostReserveGiB",
+            out.append(Finding("node-memory-headroom-warning", budget.group_field(sc, b.group, "memory.hostReserveGiB"),
                                cfg.memory.host_reserve_gib,
                                f"rank {r.container}'s limit on {b.node} ({r.limit_mib:,} MiB) leaves {margin:,} MiB above "
                                f"what it needs ({r.need_mib:,} MiB): a rank that takes a little more than the plan's "

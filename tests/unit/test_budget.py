@@ -195,6 +195,14 @@ def test_budget_rules_wait_for_a_memory_plan():
     assert any(e.rule == "known-profile" for e in rules.check_stack(sc, stack)[0])
 
 
+def test_a_per_group_field_carries_its_groups_name():
+    sc, _ = stack_of("tp4x2")
+    assert budget.group_field(sc, 1, "memory.hostReserveGiB") == "groups[1](b).memory.hostReserveGiB"
+    assert budget.group_field(sc, 1, "x") == rules._where(sc, 1) + "x"  # as check_stack names a group's findings
+    one, _ = stack_of("tp4")
+    assert budget.group_field(one, 0, "memory.hostReserveGiB") == "memory.hostReserveGiB"
+
+
 def test_budget_output_is_what_dspark_plan_prints():
     sc, stack = stack_of("sim-team")
     head = budget.node_budgets(sc, stack)[0]
@@ -211,8 +219,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ALL_STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 MEMORY = {"hostReserveGiB": [0.5, 1.5, 60], "runtimeFloorGiB": [0, 30], "unifiedGiB": [100, 121.7]}
 SERVING = {
-    "sglang": {"memFractionStatic": [0.7, 0.95], "maxTotalTokens": [750_000, 8_000_000, 30_000_000],
-               "maxRunningRequests": [4, 64]},
+    # maxTotalTokens spans the need (weights + KV ...), memFractionStatic the limit's want (the static pool)
+    "sglang": {"memFractionStatic": [0.7, 0.95], "maxTotalTokens": [750_000, 8_000_000, 30_000_000]},
     "vllm": {"gpuMemoryUtilization": [0.5, 0.85, 0.95], "maxModelLen": [16384, 131072, 1048576]},
 }  # fmt: skip
 SIDE = {"router": {"memoryMiB": [1024, 16384]}, "gateway": {"memoryMiB": [1024, 16384]}}
