@@ -10,6 +10,7 @@ import pulumi
 
 from .caches import CompileCaches, CompileCachesArgs
 from .engram import EngramShards, EngramShardsArgs
+from .guard import Guard, GuardArgs
 from .image import ServingImage, ServingImageArgs
 from .node import SparkNode, SparkNodeArgs
 from .readiness import Readiness, ReadinessArgs
@@ -78,6 +79,14 @@ class DeepSeekCluster(pulumi.ComponentResource):
             self.member = router_member(
                 f"{name}-router-member", args.member, args.api_key, self.readiness.check, args.router, self
             )
+
+        # The group's self-healing (serving.selfHeal): created once the group answers (and, behind a router, is
+        # back in rotation), replaced by every change of the group before any rank.
+        self.guard: Optional[Guard] = None
+        if sp.guard is not None:
+            ready = self.member if self.member is not None else self.readiness.check
+            self.guard = Guard(f"{name}-guard", GuardArgs(
+                sp.guard, self.nodes, self.group.ranks, self.image.images, ready, self.group.api_key_file), child)
 
         self.endpoint = sp.endpoint
         self.model = sp.model

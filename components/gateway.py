@@ -14,11 +14,12 @@ from typing import Any, Optional
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import local, remote
+from pulumi_command import remote
 
 from planning import gateway as gateway_plan
 from planning.gateway import ContainerPlan, GatewayPlan
 from planning.stackplan import ReadinessPlan
+from .keys import generated_key
 from .node import connection
 from .readiness import Readiness, ReadinessArgs
 
@@ -30,20 +31,6 @@ class GatewayArgs:
     upstream: list  # what answers behind the gateway (the router's or the group's readiness check)
     member_keys: dict  # member -> secret Output[str] set in the `memberKeys` config; others are generated
     private_key: Any = None  # secret Output[str]; ssh-agent when None
-
-
-def generated_key(name: str, command: str, triggers: list, parent: pulumi.Resource) -> pulumi.Output:
-    """A random credential, made once where Pulumi runs and kept in the state as a secret."""
-    cmd = local.Command(
-        name,
-        create=command,
-        triggers=triggers,
-        logging=local.Logging.NONE,
-        add_previous_output_in_env=False,
-        # The key is the command's stdout: the state must hold it encrypted.
-        opts=pulumi.ResourceOptions(parent=parent, additional_secret_outputs=["stdout"]),
-    )
-    return pulumi.Output.secret(cmd.stdout.apply(lambda s: s.strip()))
 
 
 class Gateway(pulumi.ComponentResource):

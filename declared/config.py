@@ -97,6 +97,30 @@ class ModelConfig(_Strict):
     hf_repo: HfRepo | None = Field(default=None, description="Hugging Face repo for source: download")
 
 
+class SelfHealConfig(_Strict):
+    """serving.selfHeal: the guard on every node of the group (programs/guard), which restarts the whole group,
+    in the program's order and after its start gates, when a rank dies, a node reboots or the head hangs."""
+
+    enabled: bool = Field(default=True, description="run the guard (false: a fault waits for `dspark restart`)")
+    port: int = Field(default=9850, ge=1024, le=65535, description="the guard's port on every node: /metrics, "
+                      "/status, and the signed requests between the group's guards")
+    max_attempts: int = Field(default=3, ge=1, le=100, description="heals in one fault episode before the guard "
+                              "gives up and the group stays down (an alert and `dspark status` say why)")
+    backoff_seconds: int = Field(default=30, ge=1, le=3600, description="wait after a failed heal, doubled each time")
+    hang_seconds: int = Field(default=60, ge=5, le=86400, description="the head answering nothing for this long "
+                              "while every rank runs is a hang")
+    stable_seconds: int = Field(default=600, ge=10, le=86400, description="serving this long ends a fault episode "
+                                "(the attempts count from zero again)")
+    interval_seconds: int = Field(default=5, ge=1, le=300, description="how often the guard looks")
+    stop_grace_seconds: int = Field(default=10, ge=1, le=600, description="a rank's time to stop before it is killed")
+    memory_mib: int = Field(default=256, ge=64, le=4096, alias="memoryMiB", description="the guard's container limit")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value  # `selfHeal: false`
+
+
 class ServingConfig(_Strict):
     # Both engines.
     port: int = Field(ge=1024, le=65535, description="API port (default 8888 for sglang, 8000 for vllm)")
@@ -107,6 +131,7 @@ class ServingConfig(_Strict):
     generation: int = Field(default=0, ge=0, le=2**31, description="bump to restart the whole group (e.g. after a rank died)")
     nccl_debug: bool = Field(default=False, description="NCCL_DEBUG=INFO (INIT,NET) from the next restart: which "
                              "transport every rank's NCCL chose (dspark logs --nccl, dspark doctor)")
+    self_heal: SelfHealConfig = Field(default_factory=SelfHealConfig, description="the guard (on by default)")
     # SGLang only (rules.py refuses them on vllm; the None ones are required on sglang).
     dist_port: int = Field(default=20000, ge=1024, le=65535)
     ep_size: int | None = Field(default=None, ge=1, le=8)

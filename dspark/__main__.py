@@ -9,7 +9,9 @@ import time
 from typing import Callable, Optional, Sequence, TextIO
 
 from . import __doc__ as OVERVIEW
-from . import cmd_bench, cmd_demo, cmd_doctor, cmd_logs, cmd_plan, cmd_repair, cmd_restart, cmd_smoke, cmd_status
+from . import (
+    cmd_bench, cmd_demo, cmd_doctor, cmd_guard, cmd_logs, cmd_plan, cmd_repair, cmd_restart, cmd_smoke, cmd_status,
+)
 from .nodes import Nodes, Runner, Streamer, valid_since
 from .stack import DsparkError, load
 
@@ -101,7 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--yes", action="store_true", help="restart (default: only show what the restart would do)")
     sp.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
                     help="run these policy packs, as `pulumi up --policy-pack` (repeatable)")
+    sp = add("guard", cmd_guard, "the self-healing guard: status, pause for maintenance, resume")
+    sp.add_argument("action", choices=("status", "pause", "resume"))
+    sp.add_argument("--json", action="store_true", help="status: machine-readable")
+    sp.add_argument("--reason", default="", help="pause: why (shown by status and the guard's /status)")
+    sp.add_argument("--for", dest="for_", type=_duration, metavar="DURATION",
+                    help="pause: end the pause by itself after this long (30m, 2h, 1d)")
     return p
+
+
+def _duration(value: str) -> float:
+    try:
+        return cmd_guard.parse_for(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(
@@ -126,7 +141,8 @@ def main(
         if args.command == "plan":
             return cmd_plan.run(stack, args.json, out)
         if args.command == "repair":
-            return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
+            return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack, guard=lambda: cmd_guard.collect(
+                stack, Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer)))  # fmt: skip
         if args.command == "restart":
             return cmd_restart.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
         if args.command == "smoke":
@@ -143,6 +159,9 @@ def main(
                                 tail=args.tail, nccl=args.nccl)  # fmt: skip
         if args.command == "doctor":
             return cmd_doctor.run(stack, nodes, args.json, out)
+        if args.command == "guard":
+            return cmd_guard.run(stack, nodes, args.action, out, as_json=args.json, reason=args.reason,
+                                 for_s=args.for_)  # fmt: skip
     except DsparkError as exc:
         err.write(f"dspark {args.command}: {exc}\n")
         return CANNOT_RUN

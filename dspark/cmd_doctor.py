@@ -1,8 +1,9 @@
 """`doctor`: run every node's preflight now, and look for drift between the nodes and the stack:
 ranks stopped or missing, rank containers with another group revision than the stack's output,
-engram shard files missing (SGLang), a checkpoint volume missing, a stale NFS checkpoint mount, and
-(when all ranks run the stack's revision) a rank 0 that does not answer /health. Each finding names
-the node, what is wrong and the fix.
+engram shard files missing (SGLang), a checkpoint volume missing, a stale NFS checkpoint mount,
+(when all ranks run the stack's revision) a rank 0 that does not answer /health, and the self-healing
+guard itself (running on every node, its leader looking, not given up, its token and archive as the
+program wrote them). Each finding names the node, what is wrong and the fix.
 
 Exit code 0 when nothing was found, 1 otherwise (notes do not count).
 
@@ -40,7 +41,7 @@ import yaml
 from planning import commands, plan, stackplan
 from programs import bootlog, probe
 
-from . import api
+from . import api, cmd_guard
 from .nodes import (
     SSH_FAILED, Node, Nodes, fabric_report, files_cmd, inspect_cmd, logs_cmd, memory_cmd, parse_files, parse_inspect,
     parse_memory, parse_preflight, parse_preflight_notes, preflight_cmd, volume_probe_cmd,
@@ -261,6 +262,11 @@ def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, http_status: Opt
                                     f"a boot takes 12-13 min: `python -m dspark status --stack {stack.name} --watch 30` "
                                     "shows the phase; if the group hangs, restart it: bump serving.generation in "
                                     f"Pulumi.{stack.short}.yaml and run `pulumi up --stack {stack.name}`"))  # fmt: skip
+    guard = cmd_guard.collect(stack, nodes)
+    if guard is not None:
+        findings += guard_findings(stack, nodes, guard)
+        if guard["state"] == "paused":
+            notes.append(f"the guard is paused ({guard['reason']}): `python -m dspark guard resume --stack {stack.name}`")
     code = 1 if findings else 0
     doc = {
         "stack": stack.short,
@@ -276,6 +282,28 @@ def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, http_status: Opt
     }
     out.write(to_json(doc) + "\n" if as_json else render_text(doc))
     return code
+
+
+def guard_findings(stack: Stack, nodes: Nodes, g: dict) -> list[Finding]:
+    """The guard itself: running on every node, its leader looking (a fresh journal), not given up, and its files
+    (token 0600, the program's archive) as the program wrote them."""
+    name = stack.name + (f" --group {stack.group}" if stack.group else "")
+    refresh = f"`pulumi up --refresh --stack {stack.name}` starts it again (refresh sees it stopped)"
+    out = [Finding(node, None, "guard-stopped", f"the guard is {st} on {node}: the group does not heal itself", refresh)
+           for node, st in g["containers"].items() if st not in ("running", "unreachable")]  # fmt: skip
+    leader = g["leader"]
+    if g["state"] == "not looking":
+        out.append(Finding(leader, 0, "guard-not-looking", f"the guard's leader is not looking: {g['reason']}",
+                           f"`docker logs --tail 50 {stack.plan_name}-guard` on {leader}; {refresh}"))  # fmt: skip
+    elif g["state"] == "exhausted":
+        out.append(Finding(leader, 0, "guard-gave-up", f"the guard gave up: {g['reason']}",
+                           f"fix the cause, then `python -m dspark guard resume --stack {name}` or "
+                           f"`python -m dspark restart --stack {name} --yes`"))  # fmt: skip
+    elif g["state"] == "blocked":
+        out.append(Finding(leader, 0, "guard-blocked", g["reason"], f"`pulumi up --stack {stack.name}`"))
+    ranks = {n.name: n.rank for n in nodes}
+    out += [Finding(node, ranks.get(node), check, what, fix) for node, check, what, fix in cmd_guard.file_findings(stack, nodes)]
+    return out
 
 
 def fabric_lines(doc: dict) -> list[str]:

@@ -7,6 +7,9 @@
    a key file gone, ...). Nothing: exit 0.
 3. with --yes, `up --refresh`: the program puts it back (a stopped rank restarts the whole group,
    as after `pulumi refresh` + `up`). Without --yes: exit 2, the drift listed.
+While the group's guard (serving.selfHeal) is restoring the group by itself, repair stands aside (exit 0,
+nothing touched): its refresh would see the ranks the guard stopped, and its `up` would replace the group
+under the guard.
 
 It runs the project's __main__.py through the Pulumi Automation API (inline program, the Pulumi CLI
 on PATH), with the same backend, secrets provider and policy packs as a user's `pulumi up`.
@@ -59,10 +62,21 @@ def workspace_stack(stack: Stack):
     return auto.Stack.select(stack.name, ws)
 
 
+HEALING = ("healing", "backoff", "waiting", "unhealthy")  # the guard is restoring the group itself
+
+
 def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs: Optional[list[str]] = None,
-        select: Callable[[Stack], object] = workspace_stack) -> int:  # fmt: skip
+        select: Callable[[Stack], object] = workspace_stack,
+        guard: Optional[Callable[[], Optional[dict]]] = None) -> int:  # fmt: skip
     from pulumi import automation as auto
 
+    g = guard() if guard else None
+    if g is not None and g["state"] in HEALING:
+        # Its refresh would record the ranks the guard has stopped for its restart, and `up` would replace the
+        # group under it: a repair stands aside while the guard works (the next timer run looks again).
+        out.write(f"{stack.short}: the guard is restoring the group ({g['state']}: {g['reason']}); nothing repaired, "
+                  "nothing touched\n")  # fmt: skip
+        return 0
     try:
         st = select(stack)
     except auto.CommandError as exc:

@@ -1,6 +1,7 @@
 """`status`: every rank's container, its group revision, its last error line, its node's GPU memory,
 rank 0's health and (while it is not healthy) its boot phase, the team gateway's containers, readiness
-and members (key state, usage); one verdict.
+and members (key state, usage), the self-healing guard (its state, the heal in progress, the last heals);
+one verdict.
 
 Verdict and exit code:
   0 healthy   every rank running with the stack's group revision, and rank 0's /health is 200
@@ -36,6 +37,12 @@ JSON shape (`--json`; with `--watch`, one such object per line and round):
                   "members": {"alice": {"key": "active" | "revoked" | "not registered" | "admin key", "requests": 12,
                                         "failures": 0, "prompt_tokens": 340, "completion_tokens": 96}} | null,
                   "members_error": null | "..."},                 # the gateway's database, read on its node
+      "guard": null | {"state": "serving" | "healing" | "backoff" | "waiting" | "exhausted" | "paused" | ... |
+                       "not looking", "reason": "...", "leader": "spark1", "containers": {"spark1": "running"},
+                       "heartbeat_age_s": 2.1, "attempts": 0, "max_attempts": 3, "healing": null | {...},
+                       "heals": [{"fault": "rank-exited", "fault_at": 1.7e9, "detected_at": ..., "restarted_at": ...,
+                                  "serving_at": ..., "seconds_to_serve": 6.9, "result": "served", ...}],
+                       "error": null | "..."},               # serving.selfHeal's guard (null when off)
       "verdict": "healthy" | "degraded" | "down", "exit_code": 0 | 1 | 2,
       "problems": ["..."], "fixes": ["..."], "notes": ["..."]
     }
@@ -55,7 +62,7 @@ from planning import gateway as gateway_plan
 from planning import plan
 from programs import probe
 
-from . import api
+from . import api, cmd_guard
 from .nodes import GPU_MEMORY, Container, Node, Nodes, inspect_cmd, logs_cmd, parse_gpu, parse_inspect, redact
 from .render import cell, short, table, to_json
 from .stack import Stack
@@ -174,7 +181,41 @@ def collect(stack: Stack, nodes: Nodes, http_status: Optional[Callable] = None, 
     if doc["gateway"]:
         _gateway_verdict(stack, doc)
     doc["notes"] = notes
+    doc["guard"] = cmd_guard.collect(stack, nodes)
+    if doc["guard"]:
+        _guard_verdict(stack, doc)
     return doc
+
+
+ACTIVE = ("healing", "backoff", "waiting", "unhealthy")  # the guard is bringing the group back by itself
+
+
+def _guard_verdict(stack: Stack, doc: dict) -> None:
+    """What the guard does changes what to do: while it heals, refresh + up would fight it; once it gave up, a
+    person must act; without it, nothing heals."""
+    g, name = doc["guard"], stack.name + (f" --group {stack.group}" if stack.group else "")
+    stopped = [n for n, st in g["containers"].items() if st != "running"]
+    if stopped:
+        where = ", ".join(f"{g['containers'][n]} on {n}" for n in stopped)
+        doc["problems"].append(f"the guard is {where}: the group does not heal itself")
+        doc["fixes"].append(f"`pulumi up --refresh --stack {stack.name}` starts the guard again")
+    state = g["state"]
+    if doc["verdict"] == "down" and state in ACTIVE and not stopped:
+        doc["fixes"] = [f"the guard is bringing the group back by itself ({state}: {g['reason']}); watch it with "
+                        f"`python -m dspark status --stack {name} --watch 10`, or stop it first with "
+                        f"`python -m dspark guard pause --stack {name}`"]  # fmt: skip
+    elif state == "exhausted":
+        doc["problems"].append(f"the guard gave up: {g['reason']}")
+        doc["fixes"].insert(0, f"fix the cause, then `python -m dspark guard resume --stack {name}` (the guard tries "
+                               f"again) or `python -m dspark restart --stack {name} --yes`")  # fmt: skip
+    elif state == "paused":
+        doc["notes"].append(f"the guard is paused ({g['reason']}): nothing heals until "
+                            f"`python -m dspark guard resume --stack {name}`")  # fmt: skip
+    elif state in ("not looking", "blocked", None):
+        doc["problems"].append(f"the guard on {g['leader']} is not healing the group: {g['reason']}")
+    if (stopped or state in ("not looking", "blocked", None)) and doc["exit_code"] == 0:
+        doc["verdict"], doc["exit_code"] = "degraded", 1
+    doc["fixes"] = list(dict.fromkeys(doc["fixes"]))
 
 
 def gateway_status(stack: Stack, nodes: Nodes, http_status: Callable) -> Optional[dict]:
@@ -346,6 +387,8 @@ def render_text(doc: dict) -> str:
         lines.append(f"boot phase (rank 0): {bp['phase']}" + (f'  "{bp["line"]}"' if bp["line"] else ""))
     if doc.get("gateway"):
         lines += gateway_text(doc["gateway"])
+    if doc.get("guard"):
+        lines += ["", *cmd_guard.render_lines(doc["guard"])]
     lines.append(f"verdict: {doc['verdict'].upper()} (exit {doc['exit_code']})")
     lines += [f"  - {p}" for p in doc["problems"]]
     lines += [f"fix: {f}" for f in doc["fixes"]]

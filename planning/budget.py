@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from . import gateway, plan, routing
+from . import gateway, guard, plan, routing
 from declared.config import LOCAL, ClusterConfig, StackConfig
 
 RANK = "rank"
@@ -118,12 +118,9 @@ def side_containers(sc: StackConfig, stack: str) -> list[Placed]:
             out.append(Placed(where, gateway.container_name(stack), "gateway", gw.memory_mib, field="gateway.memoryMiB"))
             out.append(Placed(where, gateway.database_name(stack), "gateway-db", gw.database_memory_mib,
                               field="gateway.databaseMemoryMiB"))  # fmt: skip
-    # ---- ADD A NEW KIND OF CONTAINER HERE: one Placed per node it runs on, with the limit its plan gives the
-    # container (the same figure, not a copy of it) and the config field that sets it, e.g. a guard on every
-    # node of every group:
-    #     for i, e in enumerate(sc.groups):
-    #         out += [Placed(n.name, f"{e.plan_name(stack)}-guard", "guard", <its limit, MiB>,
-    #                        field=group_field(sc, i, "serving.selfHeal.memoryMiB")) for n in e.cfg.nodes]
+    # ---- A NEW KIND OF CONTAINER THE STACK PLACES GOES HERE: one Placed per node it runs on, with the limit its
+    # plan gives the container (the same figure, not a copy of it) and the config field that sets it. (A kind every
+    # group has on each of its nodes, like the guard, goes in own_containers.)
     return out
 
 
@@ -133,11 +130,21 @@ def group_field(sc: StackConfig, group: int, path: str) -> str:
     return path if name is None else f"groups[{group}]({name}).{path}"
 
 
+def own_containers(cfg: ClusterConfig, name: str, node: str, prefix: str = "") -> tuple[Placed, ...]:
+    """What the group itself places on each of its nodes beside its rank: the guard (serving.selfHeal, its limit
+    plan.guard_memory_mib: the figure rank_memory_mib leaves out). `prefix`: the group's field prefix."""
+    if not plan.guard_memory_mib(cfg):
+        return ()
+    return (Placed(node, guard.container_name(name), "guard", plan.guard_memory_mib(cfg),
+                   field=f"{prefix}serving.selfHeal.memoryMiB"),)  # fmt: skip
+
+
 def group_budgets(cfg: ClusterConfig, name: str, side: list[Placed] | tuple[Placed, ...] = (),
-                  group: int = 0) -> tuple[NodeBudget, ...]:  # fmt: skip
-    """The budgets of one group's nodes (in rank order): its rank on each, beside the `side` containers
-    placed there; the rank's limit is what the budget leaves it. `name`: what the group's resources are
-    named after (`<stack>` or `<stack>-<group>`)."""
+                  group: int = 0, prefix: str = "") -> tuple[NodeBudget, ...]:  # fmt: skip
+    """The budgets of one group's nodes (in rank order): its rank on each, beside the group's own containers
+    (own_containers) and the `side` containers the stack placed there; the rank's limit is what the budget
+    leaves it. `name`: what the group's resources are named after (`<stack>` or `<stack>-<group>`); `prefix`:
+    how findings name the group's fields (group_field)."""
     out = []
     for rank, node in enumerate(cfg.nodes):
         others = tuple(p for p in side if p.node == node.name)
@@ -145,14 +152,16 @@ def group_budgets(cfg: ClusterConfig, name: str, side: list[Placed] | tuple[Plac
         rank_entry = Placed(node.name, plan.container_name(name, rank), RANK, limit, plan.rank_need_mib(cfg, rank))
         unified = int(cfg.memory.unified_gib * 1024)
         reserve = unified - plan.node_budget_mib(cfg)  # memory.hostReserveGiB, rounded up
-        out.append(NodeBudget(node.name, group, unified, reserve, (rank_entry, *others)))
+        own = own_containers(cfg, name, node.name, prefix)
+        out.append(NodeBudget(node.name, group, unified, reserve, (rank_entry, *others, *own)))
     return tuple(out)
 
 
 def node_budgets(sc: StackConfig, stack: str) -> tuple[NodeBudget, ...]:
     """Every node of the stack, group by group, in rank order."""
     side = side_containers(sc, stack)
-    return tuple(b for i, e in enumerate(sc.groups) for b in group_budgets(e.cfg, e.plan_name(stack), side, i))
+    return tuple(b for i, e in enumerate(sc.groups)
+                 for b in group_budgets(e.cfg, e.plan_name(stack), side, i, group_field(sc, i, "")))  # fmt: skip
 
 
 def summary(budgets: tuple[NodeBudget, ...]) -> str:

@@ -32,15 +32,21 @@ def head_needs_sudo(cfg: ClusterConfig) -> bool:
     return bool(key_sudo(cfg)) or (cfg.share.mode == "nfs" and len(cfg.nodes) > 1 and cfg.nodes[0].ssh_user != "root")
 
 
-def rails_run(cfg: ClusterConfig, rank: int, fmt: str, then: str = "") -> str:
-    """`python3 -` of programs/rails.py in a quoted heredoc (`then`: the rest of its command line, e.g.
-    `|| failed=1`): `check` for preflight (link checks and peers too), `env` for a rank's entrypoint."""
+def rails_check_args(cfg: ClusterConfig, rank: int, fmt: str = "check") -> list[str]:
+    """programs/rails.py's arguments on node `rank`: `check` (preflight and the guard's start gate: link checks
+    and peers too), `env` (a rank's entrypoint)."""
     f = cfg.fabric
     args = [*fabric.rails_args(cfg, rank), "--format", fmt]
     if fmt == "check":
         args += ["--node", cfg.nodes[rank].name, "--speed-mbps", str(f.link_speed_mbps), "--mtu", str(f.mtu)]
         args += [f"--peer={name}={ip}" for name, ip in fabric.peers(cfg, rank)]
-    return fabric.heredoc(args, then)
+    return args
+
+
+def rails_run(cfg: ClusterConfig, rank: int, fmt: str, then: str = "") -> str:
+    """`python3 -` of programs/rails.py in a quoted heredoc (`then`: the rest of its command line, e.g.
+    `|| failed=1`): `check` for preflight (link checks and peers too), `env` for a rank's entrypoint."""
+    return fabric.heredoc(rails_check_args(cfg, rank, fmt), then)
 
 
 def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
@@ -415,10 +421,10 @@ def fabric_gate(cfg: ClusterConfig) -> str | None:
                      *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg))])  # fmt: skip
 
 
-def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: int | None = None) -> str:
-    """`python3 -` of programs/memgate.py (on stdin) on the rank's node: sync and drop the page cache
-    (memory.dropCaches), then MemAvailable against the rank's need (`need_mib`: its node's budget entry,
-    planning/budget.py; default plan.rank_need_mib, the same figure); `report_only`: figures only."""
+def memgate_args(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: int | None = None) -> list[str]:
+    """programs/memgate.py's arguments on the rank's node (the program's gate and the guard's): MemAvailable
+    against the rank's need (`need_mib`: its node's budget entry, planning/budget.py; default plan.rank_need_mib,
+    the same figure)."""
     need = plan.rank_need_mib(cfg, rank) if need_mib is None else need_mib
     args = ["--node", cfg.nodes[rank].name, "--role", "head" if rank == 0 else "worker",
             "--need-mib", str(int(need))]  # fmt: skip
@@ -426,7 +432,13 @@ def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: 
         args.append("--report-only")
     elif not cfg.memory.drop_caches:
         args.append("--no-drop")
-    return "python3 - " + " ".join(q(a) for a in args)
+    return args
+
+
+def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: int | None = None) -> str:
+    """`python3 -` of programs/memgate.py (on stdin) on the rank's node: sync and drop the page cache
+    (memory.dropCaches), then MemAvailable against the rank's need; `report_only`: figures only."""
+    return "python3 - " + " ".join(q(a) for a in memgate_args(cfg, rank, report_only, need_mib))
 
 
 def image_agree(cfg: ClusterConfig, group: str) -> str:

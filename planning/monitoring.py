@@ -12,6 +12,8 @@ No secret is involved in the router's and engines' scrapes: they answer without 
 versions that guard /metrics with it need `authorization: {credentials_file: ...}` added by hand).
 - the team gateway's `/metrics/` (LiteLLM's `litellm_*` and our per-member `dspark_gateway_*`: requests,
   tokens, refusals), read with the gateway's metrics key from a credentials file.
+- every node's guard (serving.selfHeal, `dspark_guard_*`: the group's state, heals by fault and result, attempts,
+  given up, paused, the last fault and how long the group took to serve again), no key.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ SERIES = {
                "smg_worker_cb_outcomes_total"),
     **GAUGES,  # the engines' running and queued requests: what the drain reads too
     "gateway": ("dspark_gateway_requests_total", "dspark_gateway_tokens_total", "dspark_gateway_rejected_total"),
+    "guard": ("dspark_guard_group_state", "dspark_guard_heals_total", "dspark_guard_exhausted",
+              "dspark_guard_last_heal_seconds_to_serve"),
 }  # fmt: skip
 
 
@@ -54,6 +58,15 @@ def scrape_configs(cp: ClusterPlan) -> list[dict[str, Any]]:
     ]  # fmt: skip
     if engines:
         configs.append({"job_name": f"{cp.stack}-engine", "metrics_path": "/metrics", "static_configs": engines})
+    guards = [
+        {"targets": [f"{n.host}:{sp.guard.port}" for n in sp.guard.nodes],
+         "labels": {"stack": cp.stack, "group": sp.name or cp.stack, "role": "guard"}}
+        for sp in cp.groups if sp.guard is not None
+    ]  # fmt: skip
+    if guards:
+        # The guards' own series carry stack, group and node already (honor_labels keeps them as they are).
+        configs.append({"job_name": f"{cp.stack}-guard", "metrics_path": "/metrics", "honor_labels": True,
+                        "static_configs": guards})  # fmt: skip
     if cp.gateway is not None:
         # LiteLLM guards /metrics with a key: the gateway's metrics key (output gateway.metrics_key), which
         # may read /metrics and nothing else; write it to this file where Prometheus runs.
@@ -108,6 +121,16 @@ def dashboard(scrape: list[dict[str, Any]], stack: str) -> dict[str, Any]:
                                                "{{member}} {{kind}}")], "short"),
             ("Refused requests (gateway)", [(f"sum by (reason) (rate(dspark_gateway_rejected_total{{{sel}}}[5m]))",
                                              "{{reason}}")], "reqps"),
+        ]  # fmt: skip
+    if "guard" in roles:
+        panels += [
+            ("Group state (guard)", [(f"max by (group, state) (dspark_guard_group_state{{{sel}}}) == 1",
+                                      "{{group}} {{state}}")], "short"),
+            ("Heals (guard)", [(f"sum by (group, fault, result) (increase(dspark_guard_heals_total{{{sel}}}[1h]))",
+                                "{{group}} {{fault}} {{result}}")], "short"),
+            ("Seconds from the last fault to serving (guard)",
+             [(f"dspark_guard_last_heal_seconds_to_serve{{{sel}}}", "{{group}}")], "s"),
+            ("Guard gave up (1: the group stays down)", [(f"dspark_guard_exhausted{{{sel}}}", "{{group}}")], "short"),
         ]  # fmt: skip
     for engine in engines:
         running, queued = SERIES[engine]

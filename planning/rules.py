@@ -199,16 +199,18 @@ RAY_DASHBOARD_PORT = 8265  # `ray start --head` listens there on every interface
 @rule("ports-distinct")
 def _ports(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     s = cfg.serving
-    fix = "use the seeds' ports: sglang port 8888 / distPort 20000, vllm port 8000 / rayPort 6379"
+    fix = "use the seeds' ports: sglang port 8888 / distPort 20000, vllm port 8000 / rayPort 6379, selfHeal.port 9850"
     # the second port: SGLang's and vLLM mp's rendezvous (distPort), or the Ray head's (rayPort)
     second = ("rayPort", s.ray_port) if cfg.engine == "vllm" and s.distributed_executor_backend == "ray" \
         else ("distPort", s.dist_port)
-    ports = [("port", s.port), second]
+    ports = [("port", s.port), second] + ([("selfHeal.port", s.self_heal.port)] if s.self_heal.enabled else [])
     taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard"}
     taken.update({n.ssh_port: f"nodes[{i}].sshPort" for i, n in enumerate(cfg.nodes)})
     out = []
-    if ports[0][1] == ports[1][1]:
-        out.append(Finding("ports-distinct", f"serving.{ports[1][0]}", ports[1][1], "equals serving.port on the head", fix))
+    for i, (name, port) in enumerate(ports):
+        same = next((other for other, p in ports[:i] if p == port), None)
+        if same:
+            out.append(Finding("ports-distinct", f"serving.{name}", port, f"equals serving.{same} on the nodes", fix))
     for name, port in ports:
         if port in taken:
             out.append(Finding("ports-distinct", f"serving.{name}", port, f"is {taken[port]}'s port on the nodes", fix))
@@ -669,8 +671,11 @@ def _router_node(sc: StackConfig, stack: str = "") -> list[Finding]:
 def node_ports(cfg: ClusterConfig, node) -> dict[int, str]:
     """The ports a node of group `cfg` already uses: ssh, Ray's dashboard, the group's serving ports."""
     engine_port = ("distPort", cfg.serving.dist_port) if cfg.engine == "sglang" else ("rayPort", cfg.serving.ray_port)
-    return {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
-            cfg.serving.port: "the group's serving.port", engine_port[1]: f"the group's serving.{engine_port[0]}"}
+    taken = {22: "ssh", RAY_DASHBOARD_PORT: "Ray's dashboard", node.ssh_port: "the node's sshPort",
+             cfg.serving.port: "the group's serving.port", engine_port[1]: f"the group's serving.{engine_port[0]}"}
+    if cfg.serving.self_heal.enabled:
+        taken[cfg.serving.self_heal.port] = "the group's guard (serving.selfHeal.port)"
+    return taken
 
 
 @stack_rule("router-port-free")

@@ -14,8 +14,10 @@ from typing import Optional
 
 from . import budget, commands, fabric, plan, routing
 from . import gateway as gateway_plan
+from . import guard as guard_plan
 from .budget import NodeBudget
 from .gateway import GatewayPlan
+from .guard import GuardPlan
 from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
@@ -142,6 +144,7 @@ class StackPlan:
     compile_cache_prefix: str = ""  # the compile-cache volumes' names start so (plan.compile_cache_prefix)
     # per node of the group, in rank order: its memory budget, every container the stack places there (budget.py)
     budgets: tuple[NodeBudget, ...] = ()
+    guard: Optional[GuardPlan] = None  # the guard on every node (serving.selfHeal), None when it is off
 
     @property
     def group_name(self) -> str:
@@ -313,6 +316,8 @@ def build(
         budgets=budgets,
         seed=SeedPlan(commands.seed_start(cfg, stack), commands.seed_stop(cfg, stack))
         if any(n.download is not None and n.download.from_head for n in nodes) else None,
+        guard=guard_plan.build(cfg, stack, stack[: -len(group) - 1] if group else stack,
+                               needs=tuple(r.need_mib for r in ranks)),
     )
 
 
@@ -363,6 +368,13 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
         )
         for e, w in zip(sc.groups, workers)
     )
+    # Behind the router, a group's guard takes it out of rotation while it heals, and puts it back; a router where
+    # Pulumi runs is at 127.0.0.1 only for Pulumi (unless router.address says where the nodes reach it): the guard
+    # then leaves the rotation to the router's own health checks.
+    reach = url if (r.node != LOCAL or r.address) else None
+    groups = tuple(replace(g, guard=guard_plan.build(e.cfg, g.stack, stack, reach, w if reach else None,
+                                                     tuple(b.rank.need_mib for b in g.budgets)))
+                   for g, e, w in zip(groups, sc.groups, workers))  # fmt: skip
     cp = ClusterPlan(stack, groups, router, members)
     return replace(cp, gateway=_gateway(sc, stack, cp))
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 from declared import shapes  # the program's own validators (policy/__main__.py puts the project on sys.path)
 from resources import (
-    COMMANDS, CONTAINER, LOCAL_COMMAND, PROJECT, REMOTE_COMMAND, VOLUME, StackFacts, envs_of, is_rank, items_of,
+    COMMANDS, CONTAINER, LOCAL_COMMAND, PROJECT, REMOTE_COMMAND, VOLUME, StackFacts, envs_of, is_guard, is_rank, items_of,
     labels_of, prop, resource_label, scripts_of, strings,
 )  # fmt: skip
 from shellscan import SimpleCommand, deleted_paths, expand, operands, overlaps, walk_script
@@ -45,8 +45,10 @@ Check = Callable[[Any, Mapping[str, Any], StackFacts], list[str]]
 
 
 def check_privileged(res: Any, config: Mapping[str, Any], facts: StackFacts) -> list[str]:
-    """No `--privileged` (nor `--cap-add ALL`) unless the policy config allows it."""
-    if res.resource_type != CONTAINER or bool(config.get("allowPrivileged", False)):
+    """No `--privileged` (nor `--cap-add ALL`) unless the policy config allows it. The groups' guards are
+    privileged by design: they drop the page cache and read the node's memory and rails before a heal, on the node
+    itself, as the program's memory gate and preflight do over ssh (the docker socket they hold is root anyway)."""
+    if res.resource_type != CONTAINER or bool(config.get("allowPrivileged", False)) or is_guard(res):
         return []
     out = []
     fix = ("ranks need only /dev/infiniband and IPC_LOCK; or allow it for this stack with the policy config "

@@ -22,6 +22,9 @@ LOCAL_COMMAND = "command:local:Command"
 COMMANDS = (REMOTE_COMMAND, LOCAL_COMMAND)
 ROLE_LABEL = "deepseek-spark.role"
 RANK_LABEL = "deepseek-spark.rank"
+# A group's guard (planning/guard.py): python3 running its archive from the guard's directory.
+GUARD_ROLE = "guard"
+GUARD_COMMAND = "/state/guard.pyz"
 DEFAULT_SECRET_KEYS = (f"{PROJECT}:apiKey", f"{PROJECT}:sshPrivateKey")
 SCRIPT_FIELDS = ("create", "update", "delete")
 
@@ -139,6 +142,15 @@ def is_rank(res: Any) -> bool:
     """A rank of a serving group (the router container has a role but no rank)."""
     labels = labels_of(res.props) if res.resource_type == CONTAINER else {}
     return ROLE_LABEL in labels and RANK_LABEL in labels
+
+
+def is_guard(res: Any) -> bool:
+    """A group's guard container: the one container that runs privileged, in the host's PID namespace (it runs
+    the start gates on the node, as the program's remote commands do over ssh)."""
+    if res.resource_type != CONTAINER or labels_of(res.props).get(ROLE_LABEL) != GUARD_ROLE:
+        return False
+    command = [str(c) for c in items_of(prop(res.props, "command"))]
+    return [str(e) for e in items_of(prop(res.props, "entrypoints"))] == ["python3"] and command[:1] == [GUARD_COMMAND]
 
 
 def envs_of(props: Any) -> dict[str, str]:

@@ -188,6 +188,28 @@ ADAPTATIONS: list[Adaptation] = [
                "the engine test-double image (the groups' image) instead of the SGLang image; the groups it routes "
                "to and drains are test doubles (their /metrics carry only the request gauges)",
                "no registry is reachable: the SGLang image cannot be pulled", "Pulumi.sim-x2.yaml, sim/images.py"),
+    Adaptation("a privileged container (the guard) gets every capability the node itself holds, not all of them: "
+               "the sim-runc runtime drops what the node's bounding set lacks (CAP_SYS_RESOURCE) and logs it",
+               "the simulation host runs the nodes without CAP_SYS_RESOURCE; runc would refuse the start "
+               "(`unable to apply caps: operation not permitted`)", "sim/assets/node/sim-runc"),
+    Adaptation("the guard's start gates (nsenter into PID 1's namespaces, then the host's python3) run in the node "
+               "container's namespaces: /proc/meminfo is the node's memory model, the cache drop is the sysctl "
+               "stand-in's, the rails are the simulated sysfs; PID 1 is the node's tini, not systemd",
+               "a sim node is a container sharing the test machine's kernel", "sim/meminfo.py, sim/assets/node"),
+    Adaptation("a power cut is the node container SIGKILLed (every process at once, nothing shut down) and started "
+               "again: its disk is the container's, so nothing written is lost or torn; /run and the page cache "
+               "start empty; docker then finds the containers it ran exited (code 255) and restarts those with a "
+               "restart policy; the nodes share the test machine's clock and kernel (no boot ID of their own)",
+               "a container cannot lose power", "sim/faults.py"),
+    Adaptation("a rank that dies at every boot (crash-at-boot): the node's runtime shim puts the fault's text in the "
+               "rank container's process environment (not its docker config), and the engine TEST DOUBLE dies with "
+               "it after `Load weight begin.`; the vLLM Ray workers' containers (ray start) do not read it",
+               "a fault the simulated nodes can inject without touching what Pulumi created",
+               "sim/assets/node/sim-runc, sim/testdouble/server.py, sim/testdouble/vllm_serve.py"),
+    Adaptation("when the head hangs (SIGSTOP), the engine TEST DOUBLE's workers lose its heartbeat and exit within "
+               "10 s, where real NCCL ranks would block in a collective until their watchdog (1800 s): the sim "
+               "stacks' selfHeal.hangSeconds (5) makes the guard see the hang first",
+               "the double's rank group is a TCP heartbeat, not NCCL", "sim/testdouble/server.py, Pulumi.sim.yaml"),
 ]
 
 

@@ -60,12 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--message", default=None, help="what the hook prints (default: a CUDA requirement error)")
     s.add_argument("--clear", action="store_true", help="the hook is healthy again")
     s.add_argument("--name", default="sim")
+    s = sub.add_parser("power-cut", help="nodes lose power at once (SIGKILL: nothing shuts down); default all")
+    s.add_argument("nodes", nargs="*", help="spark<i> (default: every node)")
+    s.add_argument("--name", default="sim")
+    s = sub.add_parser("power-on", help="boot nodes again after a power cut (default all)")
+    s.add_argument("nodes", nargs="*", help="spark<i> (default: every node)")
+    s.add_argument("--name", default="sim")
+    s = sub.add_parser("crash-at-boot", help="every rank started on a node dies during its boot (until --clear)")
+    s.add_argument("node", help="spark<i>")
+    s.add_argument("--message", default=None, help="what the rank dies with (default: a CUDA illegal memory access)")
+    s.add_argument("--clear", action="store_true", help="ranks boot normally again")
+    s.add_argument("--name", default="sim")
     s = sub.add_parser("meminfo", help="a node's /proc/meminfo (the model's rendering)")
     s.add_argument("node", help="spark<i>")
     s.add_argument("--name", default="sim")
     a = p.parse_args(argv)
 
-    from . import cluster, images
+    from . import cluster, faults, images
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -103,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
             cluster.release_memory(a.name, a.node, log=log)
         elif a.cmd == "gpu-fault":
             cluster.gpu_fault(a.name, a.node, None if a.clear else (a.message or cluster.GPU_FAULT_DEFAULT), log=log)
+        elif a.cmd == "power-cut":
+            faults.power_cut(a.name, a.nodes, log=log)
+        elif a.cmd == "power-on":
+            faults.power_on(a.name, a.nodes, log=log)
+        elif a.cmd == "crash-at-boot":
+            faults.crash_at_boot(a.name, a.node, None if a.clear else (a.message or faults.CRASH_DEFAULT), log=log)
         elif a.cmd == "meminfo":
             print(json.dumps(cluster.meminfo(a.name, a.node), indent=2))
         elif a.cmd == "ssh-config":

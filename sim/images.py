@@ -32,7 +32,7 @@ from pathlib import Path
 from . import backend
 from .testdouble import engram
 
-SIM_VERSION = "3"  # bump when a node built from an older image must be re-created (cluster.create does)
+SIM_VERSION = "4"  # bump when a node built from an older image must be re-created (cluster.create does)
 SUITE = "bookworm"
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"

@@ -82,6 +82,14 @@ def reveal(value: Any) -> Any:
     return value
 
 
+CONTAINER = "docker:index/container:Container"
+
+
+def labels_of(res: "Registered") -> dict[str, str]:
+    """A container's labels as a dict."""
+    return {lab["label"]: lab["value"] for lab in reveal(res.inputs).get("labels") or []}
+
+
 @dataclass
 class Registered:
     urn: str
@@ -118,6 +126,14 @@ class Recording:
 
     def of_type(self, type_: str) -> list[Registered]:
         return [r for r in self.resources if r.type == type_]
+
+    def containers(self, *roles: str) -> list[Registered]:
+        """The docker containers whose `deepseek-spark.role` label is one of `roles` (e.g. "head", "worker":
+        the ranks; "guard"; "router"), in registration order."""
+        return [r for r in self.of_type(CONTAINER) if labels_of(r).get("deepseek-spark.role") in roles]
+
+    def ranks(self) -> list[Registered]:
+        return self.containers("head", "worker")
 
     def named(self, name: str) -> Registered:
         found = [r for r in self.resources if r.name == name]

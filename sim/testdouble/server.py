@@ -235,6 +235,16 @@ def leak_on_sigusr1(group: Group) -> None:
     signal.signal(signal.SIGUSR1, handler)
 
 
+def crash_at_boot(group: Group) -> None:
+    """TEST DOUBLE fault (`python -m sim crash-at-boot NODE`, through the node's runtime shim): the rank dies while it
+    loads its weights, at every start, as a rank does on a node with a bad driver or a corrupt shard."""
+    message = os.environ.get("DSPARK_SIM_CRASH_AT_BOOT", "")
+    if message:
+        group.log("Load weight begin.")
+        time.sleep(0.5)
+        die(group.engine, group.rank, f"Traceback (most recent call last): {message}")
+
+
 def fabric_init(args, group: Group, engine: str) -> None:
     """torch.distributed's Gloo group + NCCL communicator of this rank (one GPU per node)."""
     nranks = max(int(args.tp_size or 1), group.nnodes)
@@ -283,6 +293,7 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
               f"nnodes {nnodes} node-rank {rank}")
     leak_on_sigusr1(group)
     compile_cache(group)
+    crash_at_boot(group)
     if nnodes > 1:
         if not args.dist_init_addr or ":" not in args.dist_init_addr:
             die(engine, rank, "--dist-init-addr host:port is required when --nnodes > 1", 2)

@@ -287,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = flags.build_vllm_cli(__version__).parse_args(argv[:1] + flags.normalize_vllm_argv(argv[1:]))
     signal.signal(signal.SIGTERM, lambda *_: die("SIGTERM received, shutting down", 0))
+    crash = os.environ.get("DSPARK_SIM_CRASH_AT_BOOT", "")
+    if crash:  # TEST DOUBLE fault (python -m sim crash-at-boot NODE): dies while it loads, at every start
+        time.sleep(0.5)
+        die(f"Traceback (most recent call last): {crash}")
     return serve(args)
 
 

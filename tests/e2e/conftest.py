@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from e2e.pulumi_cli import PulumiProject, engine_dir
-from e2e.timings import TIMINGS
+from e2e.timings import HEALS, TIMINGS
 
 CLUSTER = "sim"  # Pulumi.sim.yaml and Pulumi.sim-tp2.yaml point at this cluster's ssh key and known_hosts
 
@@ -112,15 +112,50 @@ def node_sh(node: str, cmd: str, check: bool = True) -> str:
     return out.stdout
 
 
-def containers_of(stack: str, nodes=("spark1", "spark2", "spark3")) -> dict[str, str]:
-    """This stack's containers on the nodes: name -> id."""
+def containers_of(stack: str, nodes=("spark1", "spark2", "spark3"), roles=None) -> dict[str, str]:
+    """This stack's containers on the nodes whose role is one of `roles` (default: all but the guards, which share
+    one name on every node: guards_of): name -> id."""
     out = {}
     for node in nodes:
-        fmt = "'{{.Names}} {{.ID}}'"
+        fmt = "'{{.Names}} {{.ID}} {{.Label \"deepseek-spark.role\"}}'"
         for line in node_sh(node, f"docker ps -a --filter label=deepseek-spark.stack={stack} --format {fmt}").splitlines():
-            name, cid = line.split()
-            out[name] = cid
+            name, cid, role = (line.split() + [""])[:3]
+            if role in roles if roles else role != "guard":
+                out[name] = cid
     return out
+
+
+def guards_of(stack: str, nodes=("spark1", "spark2", "spark3")) -> dict[str, str]:
+    """node -> the ID of the group's guard container there (the guards share one name: `<group>-guard`)."""
+    out = {}
+    for node in nodes:
+        cid = node_sh(node, f"docker ps -aq --no-trunc --filter name=^{stack}-guard$", check=False).strip()
+        if cid:
+            out[node] = cid
+    return out
+
+
+# Modules that share one brought-up stack (SHARE_WITH_NEXT / USES_PREVIOUS_STACK) run one after the other in this
+# order, wherever pytest's file-name order would put them.
+CHAINS = (("test_engine_sim", "test_engine_sim_heal", "test_engine_sim_dspark"),)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def module(item) -> str:
+        return item.module.__name__.rsplit(".", 1)[-1]
+
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(module(item), i)
+
+    def rank(item) -> tuple[int, int]:
+        mod = module(item)
+        for chain in CHAINS:
+            if mod in chain:
+                return min(first.get(m, len(items)) for m in chain), chain.index(mod)
+        return first[mod], 0
+
+    items.sort(key=rank)  # stable: a module's own tests keep their order
 
 
 @dataclass(frozen=True)
@@ -204,3 +239,10 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("e2e timings (seconds)")
         for name, seconds in TIMINGS.items():
             terminalreporter.write_line(f"{name:45s} {seconds:8.1f}")
+    if HEALS:
+        terminalreporter.section("self-healing: seconds after the fault (no command run)")
+        cols = ("detected", "restarted", "serving", "answering")
+        terminalreporter.write_line(f"{'fault':45s} " + " ".join(f"{c:>10s}" for c in cols))
+        for name, marks in HEALS.items():
+            terminalreporter.write_line(f"{name:45s} " + " ".join(
+                f"{marks[c]:10.1f}" if marks.get(c) is not None else f"{'-':>10s}" for c in cols))

@@ -5,7 +5,8 @@ preview -> up and answers through `python -m dspark.clients` -> no-op up -> serv
 (group down head first, before any new rank starts) -> an argv the image's parser refuses fails `up`
 at the check step, the running group untouched -> a node with another image is refused, the group
 untouched -> a KV pool below the plan fails `up` (or warns), memory held on a node fails the memory gate
--> refresh after a rank killed at its memory limit and one removed, then `up` restarts the whole group -> key rotation and
+-> refresh after a rank killed at its memory limit and one removed (the guard paused), then `up` restarts the whole group
+-> key rotation and
 a new stateDir -> a node stopped mid-`up`, then `up` converges; test_engine_sim_dspark goes on with the
 same stack (the operator CLI) and ends it (destroy keeps the checkpoint, no key in any output).
 Orders are read from the nodes' docker event timestamps, never from the engine's output order.
@@ -131,8 +132,9 @@ def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_st
     project.set_config("cluster.serving.maxRunningRequests", "3")
     preview = project.preview().check()
     # What the reviewer reads: the 3 ranks, the group generation, the fabric gate, the readiness probe, the 3
-    # preflights and memory gates, and the image agreement replaced; the changed flag value; nothing on disk.
-    assert "+-13 to replace" in resources_summary(preview.text), resources_summary(preview.text)
+    # preflights and memory gates, the image agreement and the 3 guards replaced; the changed flag value; nothing
+    # on disk.
+    assert "+-16 to replace" in resources_summary(preview.text), resources_summary(preview.text)
     assert '"4" => "3"' in preview.text
     assert "engram" not in "".join(line for line in preview.text.splitlines() if line.lstrip().startswith("+-"))
     caches = compile_caches()
@@ -379,6 +381,8 @@ def test_refresh_after_a_rank_killed_at_its_limit_and_one_removed_then_up_restar
     """rank 1 runs away (the double allocates without bound on SIGUSR1) and its container's memory limit kills
     it (lowered to 256 MiB: the sim cannot hold the plan's ~120 GiB); `dspark status` says so."""
     before_ranks = containers_of(STACK)
+    code, out = dspark(project, "guard", "pause", "--reason", "refresh and up repair the group here, not the guard")
+    assert code == 0, out
     node_sh("spark2", "docker update --memory 256m --memory-swap 256m sim-rank1 >/dev/null && docker kill -s USR1 sim-rank1 >/dev/null")
     deadline = time.monotonic() + 60
     while node_sh("spark2", "docker inspect -f '{{.State.Status}} {{.State.OOMKilled}}' sim-rank1").split() != ["exited", "true"]:
@@ -397,6 +401,7 @@ def test_refresh_after_a_rank_killed_at_its_limit_and_one_removed_then_up_restar
     assert max(starts, key=starts.get) == HEAD, "the head starts last"
     assert not set(containers_of(STACK).values()) & set(before_ranks.values())
     assert "42" in ask(first.env)
+    assert dspark(project, "guard", "resume")[0] == 0  # the new group's guards found the marker: still paused
 
 
 def test_key_rotation_and_a_new_state_dir_take_the_group_down_head_first(first, project, tmp_path):

@@ -83,6 +83,7 @@ def test_bench_writes_results_a_plot_and_the_table(up, project, tmp_path):
 
 
 def test_a_stopped_rank_is_found_and_the_suggested_repair_works(up, project):
+    assert dspark(project, "guard", "pause", "--reason", "the repair's own tests")[0] == 0  # or it heals at once
     node_sh("spark2", "docker stop sim-rank1 >/dev/null")
     code, out = dspark(project, "status")
     assert code == 2 and "DOWN" in out and "rank 1" in out, out
@@ -122,6 +123,7 @@ def test_repair_puts_back_drift_and_refuses_a_change_nobody_applied(up, project)
     code, out = dspark(project, "repair", "--yes", *pack)
     assert code == 4 and "never applied" in out, out
     assert containers_of(STACK) == running
+    assert dspark(project, "guard", "resume")[0] == 0
 
 
 def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_whole_group_back(up, project):

@@ -6,7 +6,8 @@ missing and internal keys get 401 from the gateway, and a member's key gets 401 
 gateway adds to a request (printed) -> a member past their token budget, another past their rate limit, get
 429 -> bob is revoked by a config change whose preview replaces nothing,
 and gets 401 within moments of the database's revocation while alice keeps streaming -> usage per member
-on the gateway's /metrics -> a gateway restart keeps keys and usage (and `dspark status` shows them) -> no-op up -> destroy keeps the
+on the gateway's /metrics -> a gateway restart keeps keys and usage (and `dspark status` shows them) -> a power cut
+of both nodes: everything back by itself, keys, revocation and usage intact -> no-op up -> destroy keeps the
 gateway's database volume.
 """
 
@@ -270,6 +271,36 @@ def test_usage_per_member_is_scraped_and_survives_a_gateway_restart(first, proje
                                                                "carol": "active", "dave": "active"}  # fmt: skip
     assert gw["members"]["admin"]["requests"] >= 1  # the readiness probe's, with the admin key
     assert gw["members"]["alice"]["requests"] == usage["alice"]["requests"]
+
+
+def test_after_a_power_cut_the_gateway_and_the_group_come_back_with_keys_revocation_and_usage(first, project):
+    """Both nodes lose power at once. Docker brings the gateway and its database back (restart policy), the
+    guard restarts the vLLM group; nobody runs a command. Every member's key state, bob's revocation and the
+    usage records are what they were: they live in the database's volume."""
+    from e2e import healing
+    from sim import faults
+
+    _, outputs, alice, bob, _ = first
+    url, metrics_key = outputs["endpoint"], project.outputs()["gateway"]["metrics_key"]
+    keys, usage = json.loads(admin("keys")), json.loads(admin("usage"))
+    before = metrics(url, metrics_key)
+
+    def power_cut():
+        faults.power_cut("sim", log=lambda m: None)
+        time.sleep(2)
+        faults.power_on("sim", log=lambda m: None)
+
+    healing.timed_heal("sim-team: power cut (gateway, database, vLLM + Ray)", "http://172.30.99.11:9850", power_cut,
+                       lambda: answer_of(url, alice["OPENAI_API_KEY"])[1], ("rank-exited", "node-lost"))  # fmt: skip
+    assert json.loads(admin("keys")) == keys
+    assert status_of(url, bob["OPENAI_API_KEY"]) == 401 and status_of(url, alice["OPENAI_API_KEY"]) == 200
+    after_usage = json.loads(admin("usage"))
+    for member, row in usage.items():
+        assert after_usage[member]["requests"] >= row["requests"], (member, row, after_usage[member])
+    after = metrics(url, metrics_key)
+    assert requests_of(after, "alice") > requests_of(before, "alice") and requests_of(after, "bob") == requests_of(before, "bob")
+    preview = project.preview(policy_pack=False).check()
+    assert "unchanged" in resources_summary(preview.text) and "to replace" not in preview.text
 
 
 def test_second_up_changes_nothing(first, project):

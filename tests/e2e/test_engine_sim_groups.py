@@ -3,7 +3,8 @@ each behind the REAL sglang-router (PyPI 0.3.2, in the engine image), on a 4-nod
 
 In order: preview -> up, answers through `python -m dspark.clients` (the router's endpoint, its
 key check, both groups serving) -> no-op up -> a serving change rolled one group at a time while a
-client keeps sending requests (zero failures; orders from the nodes' docker event timestamps) ->
+client keeps sending requests (zero failures; orders from the nodes' docker event timestamps) -> a rank
+of group b killed: its guard heals it out of rotation while every request is answered by group a ->
 the router moved to the docker engine where Pulumi runs (the groups stay up) -> destroy.
 """
 
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from e2e.conftest import ask, client_env, container_events, containers_of, first_event, node_sh, openai_client
+from e2e import healing
 from e2e.conftest import dspark, resources_summary
 from e2e.timings import TIMINGS
 
@@ -64,10 +66,11 @@ def replaced_in_order(diff_text: str) -> list[str]:
 
 
 class Load:
-    """Clients sending requests through the router until stopped: every outcome recorded."""
+    """Clients sending requests through the router until stopped: every outcome recorded (`stream`: every other
+    request streams; False: none does)."""
 
-    def __init__(self, env: dict[str, str], threads: int = 3):
-        self.env = env
+    def __init__(self, env: dict[str, str], threads: int = 3, stream: bool = True):
+        self.env, self.stream = env, stream
         self.ok = 0
         self.failures: list[str] = []
         self.latencies: list[float] = []
@@ -82,7 +85,7 @@ class Load:
             t0 = time.monotonic()
             try:
                 messages = [{"role": "user", "content": "What is 19 + 23?"}]
-                if (i + n) % 2:
+                if self.stream and (i + n) % 2:
                     stream = client.chat.completions.create(
                         model=model, messages=messages, max_tokens=24, stream=True,
                         extra_body={"ignore_eos": True, "min_tokens": 24},
@@ -173,19 +176,20 @@ def test_every_prometheus_target_serves_the_series_the_dashboard_reads(first, pr
     for job in outputs["prometheus"]["scrape_configs"]:
         for static in job["static_configs"]:
             labels = static["labels"]
-            series = monitoring.SERIES["router" if labels["role"] == "router" else labels["engine"]]
+            series = monitoring.SERIES[labels["role"] if labels["role"] in ("router", "guard") else labels["engine"]]
             for target in static["targets"]:
                 with urllib.request.urlopen(f"http://{target}{job.get('metrics_path', '/metrics')}", timeout=10) as r:
                     names = {line.split("{")[0].split(" ")[0] for line in r.read().decode().splitlines()
                              if line and not line.startswith("#")}  # fmt: skip
                 assert set(series) <= names, (target, set(series) - names)
                 seen.append(target)
-    assert sorted(seen) == sorted(["172.30.99.11:29000", "172.30.99.11:8888", "172.30.99.13:8888"])
+    guards = [f"172.30.99.1{i}:9850" for i in range(1, 5)]
+    assert sorted(seen) == sorted(["172.30.99.11:29000", "172.30.99.11:8888", "172.30.99.13:8888", *guards])
     out = tmp_path / "dashboard.json"
     proc = subprocess.run([sys.executable, "-m", "dspark.clients", "--stack", STACK, "--format", "grafana",
                            "--out", str(out)], cwd=project.work_dir, env=project.env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert len(json.loads(out.read_text())["panels"]) == 6
+    assert len(json.loads(out.read_text())["panels"]) == 10  # router 4, engine 2, guard 4
 
 
 def test_second_up_changes_nothing(first, project):
@@ -250,6 +254,32 @@ def test_a_serving_change_rolls_one_group_at_a_time_with_zero_failed_requests(fi
     assert after["sim-x2-router"] == before["sim-x2-router"]
     assert not {v for k, v in after.items() if k != "sim-x2-router"} & set(before.values())
     assert "42" in ask(first.env)
+
+
+def test_one_group_heals_out_of_rotation_while_the_other_answers_every_request(first, project):
+    """A rank of group b SIGKILLed: b's guard takes b out of the router's rotation, restarts it and puts it back;
+    meanwhile every request a client sends through the router is answered (the router retries a request b
+    dropped on group a; a stream already running on b when it died could not be, so the load here does not stream)."""
+    leader_b = "http://172.30.99.13:9850"
+    before = all_containers()
+    with Load(first.env, stream=False) as load:
+        time.sleep(2)
+        h = healing.timed_heal("tp4x2: a rank of one group SIGKILLed", leader_b,
+                               lambda: node_sh("spark4", "docker kill -s KILL sim-x2-b-rank1"),
+                               lambda: healing.quick_ask(first.env), ("rank-exited",))  # fmt: skip
+        b_back = time.time()
+        time.sleep(3)
+        served_by_b = routed_successes().get(HEADS["b"], 0)
+        time.sleep(3)
+    total = load.ok + len(load.failures)
+    TIMINGS["sim-x2: requests while group b healed (count)"] = total
+    assert load.failures == [], f"{len(load.failures)} of {total} requests failed: {load.failures[:5]}"
+    assert load.ok >= 20, f"only {load.ok} requests while group b healed"
+    assert routed_successes().get(HEADS["b"], 0) > served_by_b, "group b is back in the router's rotation"
+    assert all_containers() == before, "the guard restarted the containers Pulumi created"
+    events = container_events(h["detected_at"] - 1, b_back, NODES)
+    assert not [e for e in events if e.action in ("die", "start") and e.name.startswith("sim-x2-a-")], \
+        "group a was not touched"
 
 
 def local_router() -> str:

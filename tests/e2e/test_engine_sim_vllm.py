@@ -1,8 +1,9 @@
 """The vLLM + Ray stack `sim-tp2` (tp2's layout) through the real Pulumi engine on 2 simulated nodes.
 
-preview -> up, Ray gate, answers through `python -m dspark.clients` -> no-op up -> a serving
-change takes the group down (the Ray worker first: it depends on its head) before the new Ray head
-starts, then the worker joins it -> destroy keeps the checkpoint.
+preview -> up, Ray gate, answers through `python -m dspark.clients` -> no-op up -> the Ray worker killed:
+the guard restarts the group, the Ray head first -> a serving change takes the group down (the Ray worker
+first: it depends on its head) before the new Ray head starts, then the worker joins it -> the mp backend,
+and its worker killed and healed -> destroy keeps the checkpoint.
 """
 
 import time
@@ -14,6 +15,7 @@ import pytest
 from e2e.conftest import (
     ask, client_env, container_events, containers_of, first_event, node_sh, openai_client, resources_summary,
 )  # fmt: skip
+from e2e import healing
 from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
@@ -21,6 +23,7 @@ STACK = "sim-tp2"
 SIM_NODES = 2  # tp2's layout: a 2-node simulated cluster
 NODES = ("spark1", "spark2")
 HEAD, WORKER = "sim-tp2-rank0", "sim-tp2-rank1"
+LEADER = "http://172.30.99.11:9850"  # the guard on the head's node
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +77,25 @@ def test_second_up_changes_nothing(first, project):
     assert containers_of(STACK, NODES) == before
 
 
+def test_a_ray_worker_sigkilled_heals_the_group_head_first(first, project):
+    """The guard restarts the group as Pulumi starts it: the Ray head (and vllm serve) first, the worker joining."""
+    before = containers_of(STACK, NODES)
+    t0 = time.time()
+    healing.timed_heal("vLLM + Ray: the Ray worker SIGKILLed", LEADER,
+                       lambda: node_sh("spark2", f"docker kill -s KILL {WORKER}"), lambda: healing.quick_ask(first[1]),
+                       ("rank-exited",))  # fmt: skip
+    events = container_events(t0, time.time() + 1, NODES)
+    starts = {n: first_event(events, "start", n).t for n in (HEAD, WORKER)}
+    assert starts[HEAD] < starts[WORKER], "the Ray head starts first, the worker joins it"
+    assert containers_of(STACK, NODES) == before
+
+
 def test_a_serving_change_takes_the_group_down_before_the_new_ray_head_starts(first, project):
     before = containers_of(STACK, NODES)
     project.set_config("cluster.serving.maxModelLen", "65536")
     preview = project.preview().check()
-    # 2 ranks, generation, readiness, 2 preflights, fabric gate, 2 memory gates, the image agreement
-    assert "+-10 to replace" in resources_summary(preview.text), resources_summary(preview.text)
+    # 2 ranks, generation, readiness, 2 preflights, fabric gate, 2 memory gates, the image agreement, 2 guards
+    assert "+-12 to replace" in resources_summary(preview.text), resources_summary(preview.text)
     assert "131072" in preview.text and "65536" in preview.text
     t0 = time.time()
     project.timed("sim-tp2: serving change, up to answer", project.up()).check()
@@ -103,6 +119,9 @@ def test_the_mp_backend_serves_without_ray(first, project):
         run = node_sh(node, f"docker inspect -f '{{{{json .Config.Entrypoint}}}} {{{{json .Args}}}}' sim-tp2-rank{i}")
         assert "ray start" not in run and '"serve"' in run and "--master-addr" in run, run
         assert ("--headless" in run) == (i == 1), run
+    healing.timed_heal("vLLM mp: the headless worker SIGKILLed", LEADER,
+                       lambda: node_sh("spark2", f"docker kill -s KILL {WORKER}"), lambda: healing.quick_ask(first[1]),
+                       ("rank-exited",))  # fmt: skip
     project.cli("config", "rm", "--path", "deepseek-spark:cluster.serving.distributedExecutorBackend").check()
     project.up().check()
     assert "42" in ask(first[1])

@@ -1,3 +1,6 @@
 """Wall-clock timings the e2e scenario records; printed in pytest's terminal summary."""
 
 TIMINGS: dict[str, float] = {}
+# Self-healing: per fault, seconds from the fault to the guard's detection, its group restart, the group serving
+# again (the guard's journal) and a client's first answer (measured from outside).
+HEALS: dict[str, dict[str, float]] = {}

@@ -50,6 +50,7 @@ class FakeNode:
     unreachable: bool = False
     meminfo: tuple[int, int, int] = (124620, 118000, 900)  # MemTotal, MemAvailable, Cached in MiB
     gateway_admin: dict[str, tuple[int, str]] = field(default_factory=dict)  # keys|usage -> gateway_admin.py's reply
+    texts: dict[str, str] = field(default_factory=dict)  # path -> content: what `cat` reads (the guard's journal)
 
 
 class FakeCluster:
@@ -126,6 +127,27 @@ class FakeCluster:
                 return 0, f"volume missing Error response from daemon: get {name}: no such volume\n"
             out = f"mountpoint {v['mountpoint']}\nmounted {'yes' if v.get('mounted') else 'no'}\n"
             return 0, out + (f"stat {v.get('stat', 'ok')}\n")
+        argv = shlex.split(script)
+        if argv and argv[0] == "sudo":
+            argv = argv[2:] if argv[1] == "-n" else argv[1:]
+        if len(argv) == 2 and argv[0] == "cat":  # the guard's journal
+            text = node.texts.get(argv[1])
+            return (0, text) if text is not None else (1, f"cat: {argv[1]}: No such file or directory\n")
+        if script.startswith('echo "token $('):  # the guard's files (dspark doctor)
+            token = re.search(r"stat -c \"%a %s\" (\S+)", script).group(1)
+            archive = re.search(r"sha256sum (\S+)", script).group(1)
+            mode = node.texts.get(shlex.split(token)[0])
+            digest = node.texts.get(shlex.split(archive)[0], "")
+            return 0, f"token {mode or 'missing'}\narchive {digest}\n"
+        m = re.search(r"printf '%s\\n' (.*?) \| (?:sudo -n )?tee (\S+) >/dev/null && (?:sudo -n )?mv \S+ (\S+)$", script)
+        if m:  # dspark guard pause: the maintenance marker
+            node.texts[shlex.split(m.group(3))[0]] = shlex.split(m.group(1))[0]
+            return 0, ""
+        m = re.match(r"^(?:sudo -n )?rm -f (\S+) && (?:sudo -n )?touch (\S+)$", script)
+        if m:  # dspark guard resume
+            node.texts.pop(shlex.split(m.group(1))[0], None)
+            node.texts[shlex.split(m.group(2))[0]] = ""
+            return 0, ""
         raise AssertionError(f"unexpected script: {script[:200]!r}")
 
     def hosts_called(self) -> set[str]:
@@ -172,14 +194,31 @@ def cluster_for(cfg, stack: str, revision: str, log: str = "", gpu: str = "40960
         files = set()
         if cfg.engram is not None:
             files = {f"{cfg.engram.dir}/{f}" for f in plan.shard_files(rank, cfg.serving.tp_size)}
+        guard = FakeContainer(state(), {"deepseek-spark.stack": stack, "deepseek-spark.role": "guard"})
         fake[n.host] = FakeNode(
-            containers={name: FakeContainer(state(), labels, log)},
+            containers={name: FakeContainer(state(), labels, log), f"{stack}-guard": guard},
             files=files,
             volumes={plan.checkpoint_volume_name(stack): {
                 "mountpoint": f"/var/lib/docker/volumes/{stack}-checkpoint/_data", "mounted": True, "stat": "ok"}},
             gpu=gpu,
         )  # fmt: skip
+    if cfg.serving.self_heal.enabled:  # the leader's journal on the head: serving, no heal yet
+        from planning import guard
+
+        head = fake[cfg.nodes[0].host]
+        head.texts[guard.directory(cfg, 0, stack) + "/journal.json"] = journal("serving", "every rank runs")
+        for rank, n in enumerate(cfg.nodes):  # what `cat`-like reads of the guard's files find: mode and size, digest
+            d = guard.directory(cfg, rank, stack)
+            fake[n.host].texts.update({f"{d}/{guard.TOKEN}": "600 65", f"{d}/{guard.ARCHIVE}": guard.DIGEST})
     return FakeCluster(fake)
+
+
+def journal(state: str, reason: str, heartbeat: Optional[float] = None, **extra) -> str:
+    """The guard leader's journal as it writes it (programs/guard/journal.py)."""
+    doc = {"version": 1, "armed": [], "state": state, "reason": reason,
+           "heartbeat": time.time() if heartbeat is None else heartbeat, "memory": {"attempts": 0},
+           "healing": None, "heals": [], "counts": {}, **extra}  # fmt: skip
+    return json.dumps(doc)
 
 
 # ---------------------------------------------------------------------------------- endpoint

@@ -823,6 +823,16 @@ def repair(plans, yes=True, up_changes=None):
     return code, out.getvalue(), fake.calls
 
 
+def test_repair_stands_aside_while_the_guard_restores_the_group():
+    from dspark import cmd_repair
+    from dspark.stack import load
+
+    st, out, err = FakeAutoStack([{"same": 30}, {"same": 22, "replace": 8}]), io.StringIO(), io.StringIO()
+    code = cmd_repair.run(load("tp4", ROOT), out, err, yes=True, select=lambda s: st,
+                          guard=lambda: {"state": "healing", "reason": "attempt 1 of 3: rank 1 exited"})  # fmt: skip
+    assert code == 0 and "the guard is restoring the group" in out.getvalue() and st.calls == []
+
+
 def test_repair_refuses_a_config_change_nobody_applied():
     code, out, calls = repair([{"same": 30, "replace": 8}])
     assert code == 4 and "never applied" in out and "pulumi up --stack tp4" in out
@@ -902,13 +912,13 @@ def test_plan_shows_each_nodes_memory_budget_with_the_gateway_on_the_head(tmp_pa
     head = doc["memory_budget"][0]
     assert head["node"] == "spark1" and head["budgetMiB"] == head["unifiedMiB"] - head["reserveMiB"] == 123084
     assert [(c["container"], c["limitMiB"]) for c in head["containers"]] == [
-        ("tp3-rank0", 123084 - 1536), ("tp3-gateway", 1024), ("tp3-gateway-db", 512)]
+        ("tp3-rank0", 123084 - 1536 - 256), ("tp3-gateway", 1024), ("tp3-gateway-db", 512), ("tp3-guard", 256)]
     assert head["limitsMiB"] == 123084 and head["freeMiB"] == 0
-    assert doc["nodes"][0]["memory_limit_mib"] == 123084 - 1536
+    assert doc["nodes"][0]["memory_limit_mib"] == 123084 - 1536 - 256
     assert doc["nodes"][0]["memory_gate_need_mib"] == head["containers"][0]["needMiB"] == 110815
-    assert [b["containers"][0]["limitMiB"] for b in doc["memory_budget"][1:]] == [123084, 123084]
+    assert [b["containers"][0]["limitMiB"] for b in doc["memory_budget"][1:]] == [123084 - 256, 123084 - 256]
     code, text, _ = run(args("plan", "tp3", None, project))
     assert code == 0
     row = next(line for line in text.splitlines() if line.lstrip().startswith("spark1  124,620"))
-    assert row.split()[:7] == ["spark1", "124,620", "1,536", "123,084", "123,084", "0", "10,733"]
-    assert row.rstrip().endswith("tp3-rank0 121,548 (needs 110,815), tp3-gateway 1,024, tp3-gateway-db 512")
+    assert row.split()[:7] == ["spark1", "124,620", "1,536", "123,084", "123,084", "0", "10,477"]
+    assert row.rstrip().endswith("tp3-rank0 121,292 (needs 110,815), tp3-gateway 1,024, tp3-gateway-db 512, tp3-guard 256")

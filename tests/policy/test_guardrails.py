@@ -82,6 +82,17 @@ def test_privileged_container_is_refused_unless_the_config_allows_it(recordings)
     assert run_policy("no-privileged-containers", rank) == []
 
 
+def test_the_groups_guard_alone_runs_privileged_and_only_as_itself(recordings):
+    """The guard drops the page cache and checks the rails on the node (its start gates): privileged by design. A
+    container labelled as a guard that runs anything but the guard's archive is refused like any other."""
+    guard = recordings["tp4"].named("tp4-guard-spark2")
+    assert guard.inputs["privileged"] is True and run_policy("no-privileged-containers", guard) == []
+    impostor = changed(guard, command=["-c", "import os; os.system('sh')"])
+    assert len(run_policy("no-privileged-containers", impostor)) == 1
+    as_shell = changed(guard, entrypoints=["/bin/sh"])
+    assert len(run_policy("no-privileged-containers", as_shell)) == 1
+
+
 def test_cap_add_all_counts_as_privileged(recordings):
     rank = recordings["tp4"].named("tp4-sglang-rank2")
     found = run_policy("no-privileged-containers", changed(rank, capabilities={"adds": ["IPC_LOCK", "ALL"]}))

@@ -167,9 +167,10 @@ def test_an_unchanged_config_previews_no_changes(baseline):
     again = run_program("tp4")
     steps = plan_steps(baseline, again)
     assert {s.op for s in steps.values()} == {"same"}
-    # 4 x (docker provider, preflight, image, volume, compile cache, engram shard, argcheck, memory gate, rank)
-    # + export, api key file, image agreement, group generation, fabric gate, readiness
-    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 9 + 6
+    # 4 x (docker provider, preflight, image, volume, compile cache, engram shard, argcheck, memory gate, rank,
+    # guard archive, guard token file, guard) + export, api key file, image agreement, group generation, fabric
+    # gate, readiness, the guard's token
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 12 + 7
 
 
 def test_the_model_catches_a_forced_replacement():
@@ -179,14 +180,15 @@ def test_the_model_catches_a_forced_replacement():
     vol = after.named("tp4-checkpoint-spark3")
     vol.inputs = dict(vol.inputs, driverOpts={**vol.inputs["driverOpts"], "o": "addr=10.0.0.9"})
     steps = plan_steps(before, after)
-    # ... and the readiness probe, whose triggers are the ranks' IDs.
+    # ... the readiness probe, whose triggers are the ranks' IDs, and every node's guard (its arguments hold them).
     assert by_op(steps, "replace") == {"tp4-checkpoint-spark3", "tp4-sglang-rank2", "tp4-sglang-rank0",
-                                       "tp4-readiness-check"}  # fmt: skip
+                                       "tp4-readiness-check", *GUARDS}  # fmt: skip
     cmd = after.named("tp4-spark2-preflight")
     cmd.inputs = dict(cmd.inputs, create="true\n")
     assert by_op(plan_steps(before, after), "update") == {"tp4-spark2-preflight"}
 
 
+GUARDS = {f"tp4-guard-spark{i}" for i in range(1, 5)}  # replaced by every change of the group, before any rank
 SERVING_CHANGES = {
     "maxRunningRequests": lambda c: c["serving"].update(maxRunningRequests=16),
     "extraEnv": lambda c: c["serving"]["extraEnv"].update(TORCH_NCCL_ASYNC_ERROR_HANDLING="1"),
@@ -212,7 +214,7 @@ def test_a_serving_change_replaces_exactly_the_rank_containers(baseline, change)
     group = {"tp4-sglang-generation", "tp4-sglang-fabric-check", "tp4-readiness-check"}
     memory = {f"tp4-sglang-rank{i}-memory" for i in range(4)}
     # every node's image ID is read again (the agreement's trigger is the revision)
-    assert by_op(steps, "replace") == ranks | group | preflights | memory | {"tp4-image-agree"}
+    assert by_op(steps, "replace") == ranks | group | preflights | memory | {"tp4-image-agree"} | GUARDS
     generation = next(s for s in steps.values() if s.resource.name == "tp4-sglang-generation")
     assert generation.changed == ["create", "triggers"] and generation.resource.inputs["triggers"][0] == new_rev
     readiness = next(s for s in steps.values() if s.resource.name == "tp4-readiness-check")
@@ -259,7 +261,7 @@ def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group
     preflights = {f"tp4-spark{i}-preflight" for i in range(1, 5)}  # re-checked before every group start
     group = {"tp4-sglang-generation", "tp4-sglang-fabric-check", "tp4-readiness-check"}
     group |= {f"tp4-sglang-rank{i}-memory" for i in range(4)} | {"tp4-image-agree"}
-    assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | group | preflights
+    assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | group | preflights | GUARDS
     # the export's create changed, its triggers did not; rank 3's argcheck runs with its new HOST_IP
     assert by_op(steps, "update") == {"tp4-checkpoint-export", "tp4-sglang-rank3-argcheck"}
     export = next(s for s in steps.values() if s.resource.name == "tp4-checkpoint-export")
@@ -300,7 +302,7 @@ def _group_restart(group: str) -> set[str]:
     return ({f"tp4x2-{group}-sglang-rank{i}" for i in range(4)} | {f"tp4x2-{group}-spark{n}-preflight" for n in nodes}
             | {f"tp4x2-{group}-sglang-generation", f"tp4x2-{group}-readiness-check", f"tp4x2-{group}-router-member",
                f"tp4x2-{group}-sglang-fabric-check"} | {f"tp4x2-{group}-sglang-rank{i}-memory" for i in range(4)}
-            | {f"tp4x2-{group}-image-agree"})  # fmt: skip
+            | {f"tp4x2-{group}-image-agree"} | {f"tp4x2-{group}-guard-spark{n}" for n in nodes})  # fmt: skip
 
 
 def test_a_change_to_one_group_of_tp4x2_leaves_the_other_group_and_the_router_alone():

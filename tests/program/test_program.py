@@ -41,7 +41,7 @@ def sg_rec(sg_stack):
 
 def ranks(rec):
     out = {}
-    for r in rec.of_type(CONTAINER):
+    for r in rec.ranks():
         labels = {lab["label"]: lab["value"] for lab in r.inputs["labels"]}
         out[int(labels["deepseek-spark.rank"])] = (r, labels)
     return [out[i] for i in sorted(out)]
@@ -338,7 +338,7 @@ def test_components_follow_naming_and_tokens(rec, stack):
     assert {r.type for r in comps} == {
         f"deepseek-spark:index:{c}"
         for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "CompileCaches", "Readiness",
-                  "FabricGate", *engine)
+                  "FabricGate", "Guard", *engine)
     }  # fmt: skip
     by_urn = {r.urn: r for r in rec.resources}
     for r in rec.resources:

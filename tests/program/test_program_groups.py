@@ -32,7 +32,7 @@ def labels_of(res) -> dict:
 
 def group_ranks(rec, stack, group):
     return sorted(
-        (r for r in rec.of_type(CONTAINER) if labels_of(r).get("deepseek-spark.stack") == f"{stack}-{group}"),
+        (r for r in rec.ranks() if labels_of(r).get("deepseek-spark.stack") == f"{stack}-{group}"),
         key=lambda r: int(labels_of(r)["deepseek-spark.rank"]),
     )
 
@@ -141,12 +141,15 @@ def test_group_resources_carry_the_group_in_their_names(rec, stack):
 def test_one_group_stacks_have_no_router_and_keep_their_names():
     rec = run_program("tp4")
     assert not [r for r in rec.resources if "router" in r.name]
-    assert {r.inputs["name"] for r in rec.of_type(CONTAINER)} == {f"tp4-rank{i}" for i in range(4)}
+    assert {r.inputs["name"] for r in rec.ranks()} == {f"tp4-rank{i}" for i in range(4)}
+    assert {r.inputs["name"] for r in rec.containers("guard")} == {"tp4-guard"}
     assert rec.named("tp4-sglang-generation") and rec.named("tp4-readiness-check")
-    assert all("--enable-metrics" not in r.inputs["command"] for r in rec.of_type(CONTAINER))
+    assert all("--enable-metrics" not in r.inputs["command"] for r in rec.ranks())
     assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision",
                                 "groups", "boot", "fabric", "prometheus", "client_config"}  # fmt: skip
-    assert rec.outputs["prometheus"] == {"scrape_configs": []}  # SGLang without --enable-metrics, no router
+    jobs = {c["job_name"]: c for c in rec.outputs["prometheus"]["scrape_configs"]}
+    assert set(jobs) == {"tp4-guard"}  # SGLang without --enable-metrics, no router: only the guards
+    assert jobs["tp4-guard"]["static_configs"][0]["targets"] == [f"10.0.0.{i}:9850" for i in range(1, 5)]
     assert rec.outputs["groups"][0]["name"] == "tp4" and rec.outputs["groups"][0]["revision"] == rec.outputs[
         "group_revision"
     ]
@@ -295,6 +298,9 @@ def test_prometheus_scrapes_the_router_and_every_group_head(rec, stack):
     assert [(e["labels"]["group"], e["targets"]) for e in engines] == [
         (g["name"], [g["endpoint"].split("//")[1].removesuffix("/v1")]) for g in rec.outputs["groups"]
     ]
+    guards = configs[f"{stack}-guard"]["static_configs"]
+    assert [g["labels"]["group"] for g in guards] == [g["name"] for g in rec.outputs["groups"]]
+    assert sum(len(g["targets"]) for g in guards) == len(rec.ranks()) and configs[f"{stack}-guard"]["honor_labels"]
     assert all(TEST_API_KEY not in text for text in plain_strings(rec.outputs["prometheus"]))
 
 

@@ -16,7 +16,7 @@ def rec():
 
 
 def containers(rec):
-    return sorted(rec.of_type(CONTAINER), key=lambda r: r.name)
+    return sorted(rec.ranks(), key=lambda r: r.name)
 
 
 def env_of(res):

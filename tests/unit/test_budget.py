@@ -79,16 +79,17 @@ def test_the_walk_finds_a_container_kind_the_budget_does_not_count():
     """The check above can fail: a limited container in the plan that the budget does not list."""
 
     @dataclasses.dataclass(frozen=True)
-    class Guard:
+    class Monitor:  # a kind no budget knows yet
         node: str
         container_name: str
         memory_mib: int
 
     sc, stack = stack_of("tp4")
     cp = stackplan.build_stack(sc, stack)
-    found = set(limited((cp, Guard("spark2", "tp4-guard", 256))))
-    assert ("spark2", "tp4-guard", 256) in found
-    assert ("spark2", "tp4-guard", 256) not in {(b.node, c.container, c.limit_mib) for b in cp.budgets for c in b.containers}
+    found = set(limited((cp, Monitor("spark2", "tp4-monitoring", 512))))
+    assert ("spark2", "tp4-monitoring", 512) in found
+    assert ("spark2", "tp4-monitoring", 512) not in {(b.node, c.container, c.limit_mib) for b in cp.budgets
+                                                     for c in b.containers}  # fmt: skip
 
 
 def test_tp3_with_the_gateway_on_the_head_leaves_the_reserve_and_gives_the_rank_what_is_left():
@@ -98,35 +99,38 @@ def test_tp3_with_the_gateway_on_the_head_leaves_the_reserve_and_gives_the_rank_
     cp = stackplan.build_stack(sc, stack)
     head, worker, _ = cp.budgets
     assert [(c.container, c.role) for c in head.containers] == [
-        ("tp3-rank0", "rank"), ("tp3-gateway", "gateway"), ("tp3-gateway-db", "gateway-db")]
+        ("tp3-rank0", "rank"), ("tp3-gateway", "gateway"), ("tp3-gateway-db", "gateway-db"), ("tp3-guard", "guard")]
     assert head.unified_mib == 124620 and head.reserve_mib == 1536 and head.budget_mib == 123084
-    assert head.rank.limit_mib == 123084 - 1024 - 512 and head.limits_mib == head.budget_mib
-    assert worker.rank.limit_mib == 123084 and worker.others == ()
+    assert head.rank.limit_mib == 123084 - 1024 - 512 - 256 and head.limits_mib == head.budget_mib
+    assert worker.rank.limit_mib == 123084 - 256 and [c.container for c in worker.others] == ["tp3-guard"]
     assert head.headroom_mib == head.rank.limit_mib - head.rank.need_mib > budget.THIN_HEADROOM_MIB
     # what the components receive: the rank's limit, and its gate's need, are the budget's
     assert cp.groups[0].group.specs[0].memory_mib == head.rank.limit_mib
     assert gate_needs(cp) == {b.rank.container: b.rank.need_mib for b in cp.budgets}
-    assert "tp3-rank0 121,548 (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 = 123,084" in budget.summary(cp.budgets)
+    assert ("tp3-rank0 121,292 (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + tp3-guard 256 = 123,084"
+            in budget.summary(cp.budgets))
 
 
 def test_the_router_comes_out_of_its_nodes_rank_and_a_local_router_out_of_none():
     sc, stack = stack_of("sim-x2")
     cp = stackplan.build_stack(sc, stack)
     spark1 = cp.budgets[0]
-    assert [(c.container, c.limit_mib, c.field) for c in spark1.others] == [("sim-x2-router", 1024, "router.memoryMiB")]
-    assert spark1.rank.limit_mib == spark1.budget_mib - 1024
-    assert all(b.rank.limit_mib == b.budget_mib and not b.others for b in cp.budgets[1:])
+    assert [(c.container, c.limit_mib, c.field) for c in spark1.others] == [
+        ("sim-x2-router", 1024, "router.memoryMiB"), ("sim-x2-a-guard", 256, "groups[0](a).serving.selfHeal.memoryMiB")]
+    assert spark1.rank.limit_mib == spark1.budget_mib - 1024 - 256
+    assert all(b.rank.limit_mib == b.budget_mib - 256 and [c.role for c in b.others] == ["guard"] for b in cp.budgets[1:])
     assert cp.router.spec.memory_mib == 1024
     local, _ = stack_of("sim-x2", router={"node": "local"})
-    assert all(not b.others for b in budget.node_budgets(local, "sim-x2"))
+    assert all([c.role for c in b.others] == ["guard"] for b in budget.node_budgets(local, "sim-x2"))
     bigger, _ = stack_of("sim-x2", router={"memoryMiB": 4096})
-    assert budget.node_budgets(bigger, "sim-x2")[0].rank.limit_mib == spark1.budget_mib - 4096
+    assert budget.node_budgets(bigger, "sim-x2")[0].rank.limit_mib == spark1.budget_mib - 4096 - 256
 
 
-def test_a_group_planned_alone_gives_its_ranks_the_whole_budget():
+def test_a_group_planned_alone_gives_its_ranks_the_whole_budget_but_its_own_guards():
     sc, stack = stack_of("sim-x2")
     alone = stackplan.build(sc.groups[0].cfg, "sim-x2-a")
-    assert [b.rank.limit_mib for b in alone.budgets] == [b.budget_mib for b in alone.budgets]
+    assert [b.rank.limit_mib for b in alone.budgets] == [b.budget_mib - 256 for b in alone.budgets]
+    assert all([(c.container, c.role) for c in b.others] == [("sim-x2-a-guard", "guard")] for b in alone.budgets)
     assert [s.memory_mib for s in alone.group.specs] == [b.rank.limit_mib for b in alone.budgets]
 
 
@@ -136,13 +140,13 @@ def test_hostreserve_60_on_tp4_is_refused_naming_each_node_the_figures_and_the_k
     errors = [e for e in rules.check_stack(sc, stack)[0] if e.rule == "node-memory-budget"]
     assert [e.field for e in errors] == ["memory.hostReserveGiB"] * 4
     worker = errors[1]
-    assert "rank tp4-rank1 on spark2 needs 100,354 MiB" in worker.problem and "its limit is 63,180 MiB" in worker.problem
-    assert "lower memory.hostReserveGiB to at most 23.6" in worker.fix
-    assert "lower memory.hostReserveGiB to at most 22.3" in errors[0].fix  # the head holds rank 0's extra
+    assert "rank tp4-rank1 on spark2 needs 100,354 MiB" in worker.problem and "its limit is 62,924 MiB" in worker.problem  # 63,180 less the guard's 256
+    assert "lower memory.hostReserveGiB to at most 23.4" in worker.fix
+    assert "lower memory.hostReserveGiB to at most 22.1" in errors[0].fix  # the head holds rank 0's extra
     # the fix is exact: the reserve it names is the largest that passes
-    assert NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 22.3})[0], stack) == []
-    assert ["spark1" in e.problem for e in NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.6})[0], stack)] == [True]
-    assert len(NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.7})[0], stack)) == 4
+    assert NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 22.1})[0], stack) == []
+    assert ["spark1" in e.problem for e in NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.4})[0], stack)] == [True]
+    assert len(NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.5})[0], stack)) == 4
 
 
 def test_a_need_no_reserve_can_hold_names_the_engine_knobs():
@@ -178,13 +182,14 @@ def test_limits_beyond_the_budget_are_refused_naming_node_figures_and_fields():
 
 
 def test_thin_headroom_is_a_warning_naming_node_and_figures():
-    # tp3's head needs 110,815 MiB of its 123,084: a gateway that takes 11,269 of them leaves the rank 1,000 above
+    # tp3's head needs 110,815 MiB of its 123,084: a gateway that takes 11,269 of them (and the guard 256) leaves the
+    # rank 744 above
     sc, stack = stack_of("tp3", gateway={"memoryMiB": 10757, "databaseMemoryMiB": 512})
     assert NODE_RULE(sc, stack) == []
     (found,) = THIN_RULE(sc, stack)
     assert found.level == "warning" and found.field == "memory.hostReserveGiB"
-    assert "on spark1 (111,815 MiB) leaves 1,000 MiB above what it needs (110,815 MiB)" in found.problem
-    assert "(gateway.memoryMiB, gateway.databaseMemoryMiB)" in found.fix
+    assert "on spark1 (111,559 MiB) leaves 744 MiB above what it needs (110,815 MiB)" in found.problem
+    assert "(gateway.memoryMiB, gateway.databaseMemoryMiB, serving.selfHeal.memoryMiB)" in found.fix
     assert THIN_RULE(*stack_of("tp3", gateway={})) == []
 
 
@@ -209,7 +214,7 @@ def test_budget_output_is_what_dspark_plan_prints():
     out = head.to_output()
     assert out["budgetMiB"] == out["unifiedMiB"] - out["reserveMiB"] == 123084
     assert out["limitsMiB"] == sum(c["limitMiB"] for c in out["containers"]) and out["freeMiB"] == 123084 - out["limitsMiB"]
-    assert [c["role"] for c in out["containers"]] == ["rank", "gateway", "gateway-db"]
+    assert [c["role"] for c in out["containers"]] == ["rank", "gateway", "gateway-db", "guard"]
     assert out["containers"][0]["needMiB"] == head.rank.need_mib and out["containers"][1]["needMiB"] is None
 
 

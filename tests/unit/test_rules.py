@@ -273,3 +273,13 @@ def test_a_profile_without_figures_for_the_engine_is_reported_not_a_crash(profil
     """The rules that plan rank specs (engine-version) wait for known-profile instead of failing on the figures."""
     errors, _ = rules.check(parse_cluster(_set(["model", "profile"], profile)(cluster_of("tp4"))), "tp4")
     assert [e.rule for e in errors] == ["known-profile"]
+
+
+def test_the_guards_port_is_its_own_on_every_node():
+    raw = cluster_of("tp4")
+    raw["serving"]["selfHeal"] = {"port": 20000}  # the rendezvous port
+    found = _findings(raw, "ports-distinct")
+    assert [(f.field, f.value) for f in found] == [("serving.selfHeal.port", 20000)]
+    assert "equals serving.distPort" in str(found[0]) and "selfHeal.port 9850" in str(found[0])
+    raw["serving"]["selfHeal"] = {"enabled": False, "port": 20000}  # no guard, no port
+    assert _findings(raw, "ports-distinct") == []

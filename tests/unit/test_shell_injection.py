@@ -217,7 +217,7 @@ def item_indices(path: tuple[str, ...], raw: dict) -> list[int] | None:
 
 # ------------------------------------------------------------------------------ the sandbox
 
-REAL_TOOLS = ("awk", "basename", "cat", "cut", "date", "dirname", "echo", "env", "expr", "false", "grep", "head",
+REAL_TOOLS = ("awk", "base64", "basename", "cat", "cut", "date", "dirname", "echo", "env", "expr", "false", "grep", "head",
               "id", "ls", "printf", "sed", "seq", "sort", "stat", "tail", "test", "tr", "true", "uname", "wc",
               "xargs")  # fmt: skip
 WRITERS = ("chmod", "chown", "cp", "install", "ln", "mkdir", "mv", "rm", "rmdir", "tee", "touch", "truncate")
