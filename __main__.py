@@ -7,7 +7,7 @@ import pulumi
 
 from components import deployment
 from declared import config
-from planning import rules, stackplan
+from planning import budget, rules, stackplan
 
 try:
     settings = config.load()
@@ -25,6 +25,7 @@ plan = stackplan.build_stack(settings.config, settings.stack, settings.host_keys
 for group in plan.groups:
     where = "" if group.name is None else f"[group {group.name}] "
     pulumi.log.info(where + group.memory.summary())
+    pulumi.log.info(where + budget.summary(group.budgets))  # every container on each node, against its budget
     pulumi.log.info(where + group.planes)
 
 outputs = deployment.deploy(plan, settings.api_key, settings.ssh_private_key, settings.hf_token, settings.member_keys)

@@ -90,7 +90,7 @@ class Guard(pulumi.ComponentResource):
                 command += ["--leader", ids.apply(lambda v: gp.leader_json(dict(enumerate(v))))]
             self.containers.append(docker.Container(
                 f"{name}-{gn.node}",
-                name=gn.container,
+                name=gn.container_name,
                 image=gn.image,
                 entrypoints=["python3"],
                 command=command,
@@ -104,8 +104,8 @@ class Guard(pulumi.ComponentResource):
                         for m in gn.mounts],
                 # Back by itself after a crash of its own, a reboot or a power cut: that is its job.
                 restart="unless-stopped",
-                memory=gp.memory_mib,
-                memory_swap=gp.memory_mib,
+                memory=gn.memory_mib,
+                memory_swap=gn.memory_mib,
                 must_run=True,
                 wait=False,
                 destroy_grace_seconds=10,

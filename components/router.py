@@ -97,6 +97,9 @@ class Router(pulumi.ComponentResource):
                 for k, v in sorted({**spec.labels, "deepseek-spark.key-file": self.api_key_file.id}.items())
             ],
             network_mode=spec.network_mode,
+            # Its limit from the plan, swap included (no swap): counted in its node's memory budget.
+            memory=spec.memory_mib,
+            memory_swap=spec.memory_mib,
             mounts=[
                 docker.ContainerMountArgs(
                     target=plan.API_KEY_MOUNT, source=spec.key_file, type="bind", read_only=True

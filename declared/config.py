@@ -347,6 +347,9 @@ class RouterConfig(_Strict):
     drain_timeout_seconds: int = Field(
         default=600, ge=0, le=86400, description="longest wait for a group's requests to finish before it restarts"
     )
+    # The container's memory limit (no swap), counted in its node's budget. sglang-router is a Rust proxy that
+    # buffers a request body of up to 512 MiB (--max-payload-size): 1 GiB holds one of those and its own use.
+    memory_mib: int = Field(default=1024, ge=256, le=16384, alias="memoryMiB", description="the router's container")
 
 
 GATEWAY_IMAGE = "deepseek-spark-gateway:litellm-1.110.2"  # built from programs/gateway/Dockerfile

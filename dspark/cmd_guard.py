@@ -106,7 +106,7 @@ def collect(stack: Stack, nodes: Nodes, now: Optional[float] = None) -> Optional
         return None
     head = nodes[0]
     states = dict(zip([n.node for n in gp.nodes], nodes.each(
-        lambda n: parse_inspect(*nodes.run(n, inspect_cmd(gp.nodes[n.rank].container))).state)))  # fmt: skip
+        lambda n: parse_inspect(*nodes.run(n, inspect_cmd(gp.nodes[n.rank].container_name))).state)))  # fmt: skip
     code, text = nodes.run(head, journal_cmd(gp.nodes[0].dir, _sudo(stack, head)))
     journal, error = None, None
     try:

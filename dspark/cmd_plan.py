@@ -11,6 +11,8 @@ JSON shape (`--json`):
                 "build": null | {"context", "dockerfile", "args", "platform", "digest"}},
       "group_revision": "0123456789abcdef",  # label deepseek-spark.group-revision on every rank
       "memory_plan": {...},                  # plan.memory_plan(cfg).to_output() (the `memory_plan` output)
+      "memory_budget": [{"node", "unifiedMiB", "reserveMiB", "budgetMiB", "limitsMiB", "freeMiB", "headroomMiB",
+                         "containers": [{"container", "role", "limitMiB", "needMiB"}]}],   # per node, budget.py
       "fabric": {"bootstrap": "fabric", "links": [{"a", "b", "a_ip", "b_ip", "subnet"}],
                  "checkpoint": [{"rank", "node", "how", "via", "read_gbps", "minutes"}],   # boot read model
                  "gate": null | {"floorGbps", "command"}, "summary": "..."},
@@ -38,7 +40,7 @@ import shlex
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from planning import fabric, plan, rules, stackplan
+from planning import fabric, plan, rules
 
 from .nodes import preflight_checks
 from .render import table, to_json
@@ -51,7 +53,8 @@ def _finding(f: rules.Finding) -> dict:
 
 def build(stack: Stack) -> dict[str, Any]:
     cfg, name = stack.cfg, stack.plan_name
-    errors, warnings = rules.check(cfg, name)
+    # the whole stack's rules, as preview runs them (a node's memory budget counts the router and the gateway)
+    errors, warnings = rules.check_stack(stack.config, stack.short) if stack.config else rules.check(cfg, name)
     doc: dict[str, Any] = {
         "stack": name,
         "engine": cfg.engine,
@@ -63,9 +66,10 @@ def build(stack: Stack) -> dict[str, Any]:
         "model": cfg.model.served_name,
     }
     if errors:  # like preview: nothing is planned from a config that breaks a rule
-        doc.update(image={"name": cfg.image, "build": None}, group_revision=None, memory_plan=None, nodes=[])
+        doc.update(image={"name": cfg.image, "build": None}, group_revision=None, memory_plan=None, nodes=[],
+                   memory_budget=[])
         return doc
-    sp = stackplan.build(cfg, name, routed=stack.routed)  # the same object the program builds its resources from
+    sp = stack.group_plan()  # the same object the program builds its resources from
     b = sp.image.build
     doc["image"] = {
         "name": sp.image.name,
@@ -79,7 +83,7 @@ def build(stack: Stack) -> dict[str, Any]:
     doc["memory_plan"] = memory
     by_role = {r["role"]: r for r in memory["ranks"]}
     nodes = []
-    for spec, node in zip(sp.group.specs, sp.nodes):
+    for spec, node, nb in zip(sp.group.specs, sp.nodes, sp.budgets):
         nodes.append(
             {
                 "rank": node.rank,
@@ -116,10 +120,12 @@ def build(stack: Stack) -> dict[str, Any]:
                 "memory": by_role.get(spec.role) or by_role.get("head"),
                 # the rank container's limit (memory = memorySwap) and what the memory gate wants available
                 "memory_limit_mib": spec.memory_mib,
-                "memory_gate_need_mib": plan.rank_need_mib(cfg, node.rank) if cfg.memory.memory_gate else None,
+                "memory_gate_need_mib": nb.rank.need_mib if cfg.memory.memory_gate else None,
             }  # fmt: skip
         )
     doc["nodes"] = nodes
+    # per node: unified memory less the reserve, and every container the stack places there (planning/budget.py)
+    doc["memory_budget"] = [b.to_output() for b in sp.budgets]
     # which network carries what: links, bootstrap plane, the checkpoint's path to each rank, the gate
     doc["fabric"] = {
         "bootstrap": cfg.fabric.bootstrap,
@@ -207,6 +213,17 @@ def _text(doc: dict, stack: Stack) -> str:
                       "HEADROOM", "LIMIT MiB", "GATE NEEDS MiB"], rows, indent="  "))  # fmt: skip
     out.append("  LIMIT: the rank container's memory limit (swap included); GATE NEEDS: MemAvailable the memory gate "
                "wants on the node, after dropping the page cache, before the rank starts")
+    out.append("\nmemory budget per node (unified memory less memory.hostReserveGiB: what every container the stack "
+               "places there may take together; MiB):")
+    rows = [[b["node"], f"{b['unifiedMiB']:,}", f"{b['reserveMiB']:,}", f"{b['budgetMiB']:,}", f"{b['limitsMiB']:,}",
+             f"{b['freeMiB']:,}", f"{b['headroomMiB']:,}",
+             ", ".join(f"{c['container']} {c['limitMiB']:,}" + (f" (needs {c['needMiB']:,})" if c["needMiB"] is not None
+                                                                 else "") for c in b["containers"])]
+            for b in doc["memory_budget"]]  # fmt: skip
+    out.append(table(["NODE", "UNIFIED", "RESERVE", "BUDGET", "LIMITS", "FREE", "HEADROOM", "CONTAINERS (limit, rank: needs)"],
+                     rows, indent="  "))  # fmt: skip
+    out.append("  HEADROOM: how far the rank may outgrow its need before its own limit stops it; FREE: what no "
+               "container's limit covers")
     for n in doc["nodes"]:
         c = n["container"]
         out.append(f"\nrank {n['rank']}: {c['name']} on {n['name']} ({c['image']}, restart={c['restart']}, "

@@ -121,9 +121,18 @@ class Stack:
 
     # ------------------------------------------------------------------ derived
 
+    def group_plan(self) -> stackplan.StackPlan:
+        """The group's plan as the program builds it: within the whole stack, whose router and gateway share
+        its nodes' memory budgets (and so the ranks' limits). A stack whose config breaks a stack rule
+        (which `plan` reports) is planned as the group alone."""
+        sc = self.config
+        if sc is None or rules.check_stack(sc, self.short)[0]:
+            return stackplan.build(self.cfg, self.plan_name, routed=self.routed)
+        return next(g for g in stackplan.build_stack(sc, self.short).groups if g.stack == self.plan_name)
+
     def planned_revision(self) -> str:
         """The group revision the config plans (what the next `up` would label every rank with)."""
-        return stackplan.build(self.cfg, self.plan_name, routed=self.routed).revision
+        return self.group_plan().revision
 
     def _group_output(self) -> dict:
         for entry in self.output("groups") or []:

@@ -2,8 +2,9 @@
 `plan` (rank specs, env, flags, memory plan, group revision), `stackplan` (the StackPlan of every
 group and the router), `commands` (every shell command string, quoted), `routing` (the router's
 spec and rotation commands), `monitoring` (scrape targets, dashboard), `clientconfig` (the
-`client_config` output), and `rules` (the validation rules, here because the memory and argv rules
-evaluate the plan).
+`client_config` output), `budget` (each node's memory budget: every container placed there with its
+limit, the rank's need), and `rules` (the validation rules, here because the memory and argv rules
+evaluate the plan; `budget_rules` and `link_rules` hold more of them and register from `rules`).
 
 May import: the standard library, `declared`, and `programs` (to ship a program's source or read its
 constants). Never `pulumi`: the plan is computed and tested without it, and `dspark plan` prints it.

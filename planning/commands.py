@@ -421,10 +421,13 @@ def fabric_gate(cfg: ClusterConfig) -> str | None:
                      *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg))])  # fmt: skip
 
 
-def memgate_args(cfg: ClusterConfig, rank: int, report_only: bool = False) -> list[str]:
-    """programs/memgate.py's arguments on the rank's node (the program's gate and the guard's)."""
+def memgate_args(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: int | None = None) -> list[str]:
+    """programs/memgate.py's arguments on the rank's node (the program's gate and the guard's): MemAvailable
+    against the rank's need (`need_mib`: its node's budget entry, planning/budget.py; default plan.rank_need_mib,
+    the same figure)."""
+    need = plan.rank_need_mib(cfg, rank) if need_mib is None else need_mib
     args = ["--node", cfg.nodes[rank].name, "--role", "head" if rank == 0 else "worker",
-            "--need-mib", str(plan.rank_need_mib(cfg, rank))]  # fmt: skip
+            "--need-mib", str(int(need))]  # fmt: skip
     if report_only:
         args.append("--report-only")
     elif not cfg.memory.drop_caches:
@@ -432,10 +435,10 @@ def memgate_args(cfg: ClusterConfig, rank: int, report_only: bool = False) -> li
     return args
 
 
-def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False) -> str:
+def memgate(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: int | None = None) -> str:
     """`python3 -` of programs/memgate.py (on stdin) on the rank's node: sync and drop the page cache
-    (memory.dropCaches), then MemAvailable against plan.rank_need_mib; `report_only`: figures only."""
-    return "python3 - " + " ".join(q(a) for a in memgate_args(cfg, rank, report_only))
+    (memory.dropCaches), then MemAvailable against the rank's need; `report_only`: figures only."""
+    return "python3 - " + " ".join(q(a) for a in memgate_args(cfg, rank, report_only, need_mib))
 
 
 def image_agree(cfg: ClusterConfig, group: str) -> str:

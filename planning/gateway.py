@@ -189,7 +189,7 @@ def build(
 ) -> GatewayPlan:
     """The gateway on `node`, files under `state_dir`, in front of `upstream`."""
     host = node.host
-    name = f"{stack}-gateway"
+    name = container_name(stack)
     directory = f"{state_dir}/{name}"
     etc = f"{directory}/etc"
     secrets_path = f"{directory}/secrets.env"
@@ -216,7 +216,7 @@ def build(
         volume=f"{name}-db",
         keep_data=gw.keep_data,
         database_port=gw.database_port,
-        database=ContainerPlan(f"{name}-db", ("sh", f"{ETC}/start-db", str(gw.database_port)),
+        database=ContainerPlan(database_name(stack), ("sh", f"{ETC}/start-db", str(gw.database_port)),
                                ((DB_DATA, f"{name}-db", "volume", False), *shared), gw.database_memory_mib),
         gateway=ContainerPlan(name, ("sh", f"{ETC}/start-gateway", "0.0.0.0", str(gw.port)), shared, gw.memory_mib),
         members=tuple(MemberKeyPlan(m.name, member_add(name, m), member_revoke(name, m.name), m.rotation) for m in gw.members),
@@ -224,6 +224,15 @@ def build(
         readiness_timeout_minutes=readiness_timeout_minutes,
         metrics=f"{gw.address or host}:{gw.port}",
     )
+
+
+def container_name(stack: str) -> str:
+    """LiteLLM's container (also the name of the gateway's directory on the node)."""
+    return f"{stack}-gateway"
+
+
+def database_name(stack: str) -> str:
+    return f"{stack}-gateway-db"
 
 
 def default_node(gw: GatewayConfig, router_node: Optional[str], head: str) -> str:

@@ -60,6 +60,11 @@ ARCHIVE_B64 = base64.b64encode(ARCHIVE_BYTES).decode() + "\n"  # what the bundle
 DIGEST = hashlib.sha256(ARCHIVE_BYTES).hexdigest()[:16]
 
 
+def container_name(group: str) -> str:
+    """The guard's container on every node of group `group` (its plan name)."""
+    return f"{group}-guard"
+
+
 def directory(cfg: ClusterConfig, rank: int, group: str) -> str:
     """The guard's directory on node `rank`'s host."""
     return f"{plan.state_dir(cfg, cfg.nodes[rank].ssh_user)}/guard/{group}"
@@ -96,7 +101,8 @@ class GuardNode:
     rank: int
     node: str
     host: str  # the management address: where the leader and Prometheus reach this guard
-    container: str  # <group>-guard
+    container_name: str  # <group>-guard
+    memory_mib: int  # its container's limit (serving.selfHeal.memoryMiB), counted in its node's budget
     image: str
     dir: str
     bundle_write: str
@@ -117,7 +123,6 @@ class GuardPlan:
     group: str  # the group's plan name (`<stack>` or `<stack>-<group>`): its containers' prefix
     stack: str
     port: int
-    memory_mib: int
     nodes: tuple[GuardNode, ...]
     heal: dict  # programs.guard.heal.HealPlan's fields
     settings: dict  # programs.guard.decide.Settings' fields
@@ -158,9 +163,10 @@ def orders(cfg: ClusterConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def build(cfg: ClusterConfig, group: str, stack: str, router: Optional[str] = None,
-          worker: Optional[str] = None) -> Optional[GuardPlan]:  # fmt: skip
+          worker: Optional[str] = None, needs: Optional[tuple[int, ...]] = None) -> Optional[GuardPlan]:  # fmt: skip
     """The group's guard plan; None with serving.selfHeal off. `router`/`worker`: behind a router, its URL and
-    the group's rank-0 URL as the router knows it."""
+    the group's rank-0 URL as the router knows it; `needs`: each rank's need from its node's memory budget (the
+    figure the program's memory gate checks, planning/budget.py)."""
     sh = cfg.serving.self_heal
     if not sh.enabled:
         return None
@@ -169,12 +175,13 @@ def build(cfg: ClusterConfig, group: str, stack: str, router: Optional[str] = No
         d, s = directory(cfg, rank, group), commands.key_sudo(cfg, n.ssh_user)
         gates = [("rails", "rails.py", tuple(commands.rails_check_args(cfg, rank)))]
         if cfg.memory.memory_gate:
-            gates.append(("memory", "memgate.py", tuple(commands.memgate_args(cfg, rank))))
+            need = needs[rank] if needs else None
+            gates.append(("memory", "memgate.py", tuple(commands.memgate_args(cfg, rank, need_mib=need))))
         mounts = [GuardMount(STATE_MOUNT, d, False), GuardMount(DOCKER_SOCKET, DOCKER_SOCKET, False)]
         if rank == 0:  # the leader asks the group (and the router) with the stack's key, as readiness does
             mounts.append(GuardMount(plan.API_KEY_MOUNT, plan.api_key_path(cfg, group), True))
         nodes.append(GuardNode(
-            rank=rank, node=n.name, host=n.host, container=f"{group}-guard", image=cfg.image, dir=d,
+            rank=rank, node=n.name, host=n.host, container_name=container_name(group), memory_mib=sh.memory_mib, image=cfg.image, dir=d,
             bundle_write=bundle_write(f"{d}/{ARCHIVE}", s), bundle_delete=bundle_delete(d, s),
             token_create=commands.secret_file_create(f"{d}/{TOKEN}", s),
             token_delete=commands.secret_file_delete(f"{d}/{TOKEN}", s),
@@ -188,4 +195,4 @@ def build(cfg: ClusterConfig, group: str, stack: str, router: Optional[str] = No
             "grace": sh.stop_grace_seconds, "router": router, "worker": worker}  # fmt: skip
     settings = {"max_attempts": sh.max_attempts, "backoff_s": sh.backoff_seconds, "hang_s": sh.hang_seconds,
                 "stable_s": sh.stable_seconds}  # fmt: skip
-    return GuardPlan(group, stack, sh.port, sh.memory_mib, tuple(nodes), heal, settings, sh.interval_seconds)
+    return GuardPlan(group, stack, sh.port, tuple(nodes), heal, settings, sh.interval_seconds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import posixpath
 import re
 import shlex
@@ -556,7 +557,8 @@ class RankSpec:
         default_factory=lambda: {"memlock": (-1, -1), "stack": (67108864, 67108864), "nofile": (1048576, 1048576)}
     )
     devices: list[str] = field(default_factory=lambda: ["/dev/infiniband"])
-    # the container's memory limit (memory = memory_swap: no swap), from the memory plan (rank_memory_mib)
+    # the container's memory limit (memory = memory_swap: no swap): what the node's budget gives the rank
+    # (planning/budget.py, rank_memory_mib)
     memory_mib: int | None = None
     capabilities: list[str] = field(default_factory=lambda: ["IPC_LOCK"])
     network_mode: str = "host"
@@ -572,28 +574,44 @@ class RankSpec:
 OOM_SCORE_ADJ = 500  # the rank, not sshd or dockerd, is the kernel's first choice when the node runs out
 
 
-def rank_memory_mib(cfg: ClusterConfig, rank: int) -> int:
-    """The rank container's memory limit: what the memory plan gives this rank (its static pool and
-    what it needs outside it) plus the runtime floor as headroom, never more than the node less
-    memory.hostReserveGiB. A runaway rank is then killed by its cgroup instead of wedging the node."""
-    mp = memory_plan(cfg)
-    r = mp.ranks[0 if rank == 0 else -1]
-    want = r.static_pool_gib + r.outside_needed_gib + cfg.memory.runtime_floor_gib
-    return int(min(want, cfg.memory.unified_gib - cfg.memory.host_reserve_gib) * 1024)
+def node_budget_mib(cfg: ClusterConfig) -> int:
+    """What the containers of a node of this group may take together: its unified memory less
+    memory.hostReserveGiB (sshd, dockerd, the OS), rounded so that the reserve is never less."""
+    return int(cfg.memory.unified_gib * 1024) - math.ceil(cfg.memory.host_reserve_gib * 1024)
+
+
+def _need_gib(cfg: ClusterConfig, rank: int) -> float:
+    r = memory_plan(cfg).ranks[0 if rank == 0 else -1]
+    need = r.static_used_gib + r.outside_needed_gib
+    return max(need, r.static_pool_gib) if cfg.engine == "vllm" else need
 
 
 def rank_need_mib(cfg: ClusterConfig, rank: int) -> int:
     """What must be available on the rank's node when it starts (the memory gate): everything the memory
     plan places there, the static pool's contents and what it needs outside it (CUDA graphs, NCCL, the
     runtime floor). vLLM also refuses to start with less free than gpuMemoryUtilization x unified memory."""
+    return int(_need_gib(cfg, rank) * 1024)
+
+
+def guard_memory_mib(cfg: ClusterConfig) -> int:
+    """The group's own guard on each of its nodes (serving.selfHeal): its container's limit, or 0 when off."""
+    return cfg.serving.self_heal.memory_mib if cfg.serving.self_heal.enabled else 0
+
+
+def rank_memory_mib(cfg: ClusterConfig, rank: int, others_mib: int = 0) -> int:
+    """The rank container's memory limit: its static pool and what it needs outside it (never less than
+    its need, rank_need_mib) plus the runtime floor as headroom, but no more than the node's budget
+    (node_budget_mib) leaves once the group's guard there and the node's other containers have their limits
+    (`others_mib`: the stack's router and gateway, from planning/budget.py). A runaway rank is then killed by
+    its cgroup instead of wedging the node; a limit below the need is refused at preview (node-memory-budget)."""
     r = memory_plan(cfg).ranks[0 if rank == 0 else -1]
-    need = r.static_used_gib + r.outside_needed_gib
-    if cfg.engine == "vllm":
-        need = max(need, r.static_pool_gib)
-    return int(need * 1024)
+    want = max(_need_gib(cfg, rank), r.static_pool_gib + r.outside_needed_gib) + cfg.memory.runtime_floor_gib
+    return min(int(want * 1024), node_budget_mib(cfg) - guard_memory_mib(cfg) - others_mib)
 
 
-def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[RankSpec]:
+def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False, limits: list[int] | None = None) -> list[RankSpec]:
+    """`limits`: each rank's memory limit from the stack's budget (planning/budget.py); default: the group
+    alone on its nodes."""
     specs = []
     for rank, node in enumerate(cfg.nodes):
         mounts = [
@@ -615,7 +633,7 @@ def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[Ra
                 mounts=mounts,
                 checkpoint=volume_options(cfg, rank),
                 generation=cfg.serving.generation,
-                memory_mib=rank_memory_mib(cfg, rank),
+                memory_mib=limits[rank] if limits else rank_memory_mib(cfg, rank),
             )
         )
     return specs
@@ -695,7 +713,7 @@ def vllm_mp_args(cfg: ClusterConfig, rank: int) -> list[str]:
     return args + (["--headless"] if rank else [])
 
 
-def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
+def vllm_specs(cfg: ClusterConfig, stack: str, limits: list[int] | None = None) -> list[RankSpec]:
     """backend ray: node 0 runs a Ray head + `vllm serve` once every Ray worker joined, other nodes a Ray
     worker. backend mp: every node runs `vllm serve`, node 0 with the API, the others --headless."""
     mp = cfg.serving.distributed_executor_backend == "mp"
@@ -720,7 +738,8 @@ def vllm_specs(cfg: ClusterConfig, stack: str) -> list[RankSpec]:
             RankSpec(rank=rank, node=node.name, container_name=container_name(stack, rank), image=cfg.image,
                      entrypoint=["/bin/sh", "-c", launch_wrapper(run, key=key), role], args=args,
                      env=vllm_env(cfg, rank), mounts=mounts, checkpoint=volume_options(cfg, rank),
-                     generation=cfg.serving.generation, memory_mib=rank_memory_mib(cfg, rank))
+                     generation=cfg.serving.generation,
+                     memory_mib=limits[rank] if limits else rank_memory_mib(cfg, rank))
         )  # fmt: skip
     return specs
 
@@ -739,9 +758,9 @@ def rank_checks(cfg: ClusterConfig, spec: RankSpec) -> list[tuple[str, list[str]
     return checks
 
 
-def group_specs(cfg: ClusterConfig, stack: str, metrics: bool = False) -> list[RankSpec]:
-    """`metrics`: the group is behind the router (vLLM serves /metrics anyway)."""
-    return vllm_specs(cfg, stack) if cfg.engine == "vllm" else rank_specs(cfg, stack, metrics)
+def group_specs(cfg: ClusterConfig, stack: str, metrics: bool = False, limits: list[int] | None = None) -> list[RankSpec]:
+    """`metrics`: the group is behind the router (vLLM serves /metrics anyway); `limits`: as rank_specs."""
+    return vllm_specs(cfg, stack, limits) if cfg.engine == "vllm" else rank_specs(cfg, stack, metrics, limits)
 
 
 def _ignore_regex(pattern: str) -> re.Pattern[str]:

@@ -35,6 +35,7 @@ class RouterSpec:
     args: list[str]
     key_file: str  # on the router's node, mounted read-only at plan.API_KEY_MOUNT
     labels: dict[str, str]
+    memory_mib: int  # the container's limit (memory = memory_swap: no swap), counted in its node's budget
     network_mode: str = "host"
     # Stateless and started with every group as a worker: let docker bring it back after a crash or reboot.
     restart: str = "unless-stopped"
@@ -64,14 +65,19 @@ def launch_script(key_file: str = plan.API_KEY_MOUNT) -> str:
     return f'set -eu\nexec python3 -m sglang_router.launch_router "$@" --api-key "$(cat {q(key_file)})"\n'
 
 
+def container_name(stack: str) -> str:
+    return f"{stack}-router"
+
+
 def router_spec(r: RouterConfig, stack: str, image: str, key_file: str, workers: list[str]) -> RouterSpec:
     return RouterSpec(
-        container_name=f"{stack}-router",
+        container_name=container_name(stack),
         image=image,
         entrypoint=["/bin/sh", "-c", launch_script(), "sglang-router"],
         args=router_args(r, workers),
         key_file=key_file,
         labels={"deepseek-spark.stack": stack, "deepseek-spark.role": "router"},
+        memory_mib=r.memory_mib,
     )
 
 

@@ -400,6 +400,9 @@ def _engine_version(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     ambiguous flag exits at boot. Checked against the real parser's option table where one was dumped
     (declared/options), and against flags.HISTORY for any release."""
     engine, version = cfg.engine, cfg.engine_version
+    profile = plan.PROFILES.get(cfg.model.profile)
+    if profile is None or profile.engine != engine:
+        return []  # known-profile says why; the rank specs (their memory limits) need the profile's figures
     minimum = flags.MIN_VERSION[engine]
     if flags.version_key(version) < flags.version_key(minimum):
         return [Finding("engine-version", "engineVersion", version,
@@ -760,29 +763,6 @@ def _ports_free(rule: str, section: str, ports: tuple[tuple[str, int], tuple[str
     return out
 
 
-@stack_rule("gateway-memory")
-def _gateway_memory(sc: StackConfig, stack: str = "") -> list[Finding]:
-    """The gateway's containers live beside a rank, outside the memory plan: say when their limits do not
-    fit in what the rank's limit and memory.hostReserveGiB leave on that node (the memory gate then
-    measures what is really free before the group starts)."""
-    where = gateway_where(sc)
-    if where is None:
-        return []
-    from .plan import rank_memory_mib
-
-    gw, cfg = sc.gateway, sc.groups[where[0]].cfg
-    free_mib = int((cfg.memory.unified_gib - cfg.memory.host_reserve_gib) * 1024) - rank_memory_mib(cfg, where[1])
-    need = gw.memory_mib + gw.database_memory_mib
-    if need <= free_mib:
-        return []
-    node = cfg.nodes[where[1]].name
-    return [Finding("gateway-memory", "gateway.memoryMiB", gw.memory_mib,
-                    f"the gateway's containers may use {need} MiB on {node}, where rank {where[1]}'s limit and "
-                    f"memory.hostReserveGiB leave {max(free_mib, 0)} MiB", "raise memory.hostReserveGiB by "
-                    f"{(need - max(free_mib, 0)) / 1024:.1f}, lower the gateway's limits, or put it on another node",
-                    level="warning")]  # fmt: skip
-
-
 @stack_rule("gateway-member-models")
 def _gateway_models(sc: StackConfig, stack: str = "") -> list[Finding]:
     if sc.gateway is None:
@@ -802,3 +782,8 @@ def check_stack(sc: StackConfig, stack: str = "") -> tuple[list[Finding], list[F
         findings += [dataclasses.replace(f, field=_where(sc, i) + f.field) for f in errors + warnings]
     findings += [f for _, fn in STACK_RULES for f in fn(sc, stack)]
     return [f for f in findings if f.level == "error"], [f for f in findings if f.level == "warning"]
+
+
+# Rules kept in modules of their own (each registers itself with rule/stack_rule when imported): the memory
+# budget of every node (budget_rules.py) and the data-plane addresses (link_rules.py).
+from . import budget_rules, link_rules  # noqa: E402,F401

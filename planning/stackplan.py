@@ -12,9 +12,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from . import commands, fabric, plan, routing
+from . import budget, commands, fabric, plan, routing
 from . import gateway as gateway_plan
 from . import guard as guard_plan
+from .budget import NodeBudget
 from .gateway import GatewayPlan
 from .guard import GuardPlan
 from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
@@ -141,6 +142,8 @@ class StackPlan:
     seed: Optional[SeedPlan] = None  # source: download with share.mode: local and workers
     planes: str = ""  # which network carries what, and the checkpoint's modelled boot read (fabric.summary)
     compile_cache_prefix: str = ""  # the compile-cache volumes' names start so (plan.compile_cache_prefix)
+    # per node of the group, in rank order: its memory budget, every container the stack places there (budget.py)
+    budgets: tuple[NodeBudget, ...] = ()
     guard: Optional[GuardPlan] = None  # the guard on every node (serving.selfHeal), None when it is off
 
     @property
@@ -199,6 +202,11 @@ class ClusterPlan:
     def model(self) -> str:
         return self.groups[0].model
 
+    @property
+    def budgets(self) -> tuple[NodeBudget, ...]:
+        """Every node's memory budget, group by group."""
+        return tuple(b for g in self.groups for b in g.budgets)
+
 
 def _download(cfg: ClusterConfig, stack: str, rank: int) -> Optional[DownloadPlan]:
     holds_copy = rank == 0 or cfg.share.mode == "local"
@@ -233,12 +241,16 @@ def restart_hint(name: str, group: Optional[str]) -> str:
 
 def build(
     cfg: ClusterConfig, stack: str, host_keys: tuple[Optional[str], ...] = (), group: Optional[str] = None,
-    routed: bool = False,
+    routed: bool = False, budgets: tuple[NodeBudget, ...] = (),
 ) -> StackPlan:
     """The whole plan of one group from its validated config (and the host keys config.load found).
     `stack` is the name its resources carry (the stack's, or `<stack>-<group>`); `routed`: behind the
-    router (SGLang then serves /metrics, which the drain reads)."""
-    specs = tuple(plan.group_specs(cfg, stack, metrics=routed))
+    router (SGLang then serves /metrics, which the drain reads); `budgets`: its nodes' memory budgets in the
+    stack (budget.node_budgets: the router and the gateway on its nodes), default: the group alone there.
+    Each rank's limit and its memory gate's need are the budget's."""
+    budgets = budgets or budget.group_budgets(cfg, stack)
+    ranks = [b.rank for b in budgets]
+    specs = tuple(plan.group_specs(cfg, stack, metrics=routed, limits=[r.limit_mib for r in ranks]))
     memory = plan.memory_plan(cfg)
     revision = plan.group_revision(list(specs), plan.image_build_digest(cfg))
     ssh_opts = tuple(commands.ssh_opts(cfg))
@@ -289,9 +301,10 @@ def build(
             ),
             argcheck_program=ARGCHECK_PROGRAM,
             fabric_gate=commands.fabric_gate(cfg),
-            memory_gates=tuple(commands.memgate(cfg, r) for r in range(len(cfg.nodes))) if cfg.memory.memory_gate else (),
-            memory_reports=tuple(commands.memgate(cfg, r, report_only=True) for r in range(len(cfg.nodes)))
+            memory_gates=tuple(commands.memgate(cfg, r, need_mib=ranks[r].need_mib) for r in range(len(cfg.nodes)))
             if cfg.memory.memory_gate else (),
+            memory_reports=tuple(commands.memgate(cfg, r, report_only=True, need_mib=ranks[r].need_mib)
+                                 for r in range(len(cfg.nodes))) if cfg.memory.memory_gate else (),
             memgate_program=MEMGATE_PROGRAM,
         ),
         readiness=ReadinessPlan(commands.readiness(cfg, stack, restart_hint=restart_hint(stack, group)),
@@ -300,17 +313,21 @@ def build(
         name=group,
         planes=fabric.summary(cfg, memory.ranks[0].weights_gib),
         compile_cache_prefix=plan.compile_cache_prefix(stack),
+        budgets=budgets,
         seed=SeedPlan(commands.seed_start(cfg, stack), commands.seed_stop(cfg, stack))
         if any(n.download is not None and n.download.from_head for n in nodes) else None,
-        guard=guard_plan.build(cfg, stack, stack[: -len(group) - 1] if group else stack),
+        guard=guard_plan.build(cfg, stack, stack[: -len(group) - 1] if group else stack,
+                               needs=tuple(r.need_mib for r in ranks)),
     )
 
 
 def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str], ...], ...] = ()) -> ClusterPlan:
     """The plan of every group of the stack and of its router (rules.check_stack passed)."""
     routed = sc.router is not None
+    budgets = budget.node_budgets(sc, stack)  # before the groups: each rank's limit is what its node's budget leaves
     groups = tuple(
-        build(e.cfg, e.plan_name(stack), host_keys[i] if i < len(host_keys) else (), e.name, routed)
+        build(e.cfg, e.plan_name(stack), host_keys[i] if i < len(host_keys) else (), e.name, routed,
+              tuple(b for b in budgets if b.group == i))
         for i, e in enumerate(sc.groups)
     )
     if sc.router is None:
@@ -355,7 +372,8 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
     # Pulumi runs is at 127.0.0.1 only for Pulumi (unless router.address says where the nodes reach it): the guard
     # then leaves the rotation to the router's own health checks.
     reach = url if (r.node != LOCAL or r.address) else None
-    groups = tuple(replace(g, guard=guard_plan.build(e.cfg, g.stack, stack, reach, w if reach else None))
+    groups = tuple(replace(g, guard=guard_plan.build(e.cfg, g.stack, stack, reach, w if reach else None,
+                                                     tuple(b.rank.need_mib for b in g.budgets)))
                    for g, e, w in zip(groups, sc.groups, workers))  # fmt: skip
     cp = ClusterPlan(stack, groups, router, members)
     return replace(cp, gateway=_gateway(sc, stack, cp))

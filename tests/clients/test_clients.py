@@ -384,7 +384,7 @@ def test_grafana_dashboard_reads_only_the_scraped_series_of_its_stack():
         exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
         assert exprs and all(f'stack="{stack}"' in e for e in exprs)
         used = {m for e in exprs for m in re.findall(r"([a-z_]+:?[a-z_]+)\{", e)}
-        known = {s for role in ("router", *engines) for s in monitoring.SERIES[role]}
+        known = {s for role in ("router", "guard", *engines) for s in monitoring.SERIES[role]}
         assert used <= known, used - known
         assert any("smg_" in e for e in exprs) == (stack == "tp4x2")  # router panels only with a router
         assert len({p["id"] for p in doc["panels"]}) == len(doc["panels"])

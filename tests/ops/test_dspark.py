@@ -158,9 +158,10 @@ def test_plan_refuses_a_config_that_breaks_a_rule(tmp_path):
     code, out, _ = run(args("plan", "tp3", None, project, "--json"))
     doc = json.loads(out)
     assert code == 1
-    assert [e["rule"] for e in doc["validation"]["errors"]] == ["memory-plan-fits"]
+    # the static pool cannot hold the KV pin, and no node's budget holds what each rank would then need
+    assert [e["rule"] for e in doc["validation"]["errors"]] == ["memory-plan-fits"] + ["node-memory-budget"] * 3
     assert "lower serving.maxTotalTokens" in doc["validation"]["errors"][0]["fix"]
-    assert doc["nodes"] == []
+    assert doc["nodes"] == [] and doc["memory_budget"] == []
 
 
 def test_a_bad_stack_file_exits_3_naming_the_field(tmp_path):
@@ -897,3 +898,27 @@ def test_restart_of_a_stack_never_brought_up_says_so():
 
     with pytest.raises(DsparkError, match="has no generation in the stack's state"):
         restart([], [{"urn": RANK1}])
+
+
+def test_plan_shows_each_nodes_memory_budget_with_the_gateway_on_the_head(tmp_path):
+    """`dspark plan --stack tp3` with a gateway on the head: the head's budget holds the rank, LiteLLM and its
+    database, the rank's limit is what they leave, and the gate's need is the budget's."""
+    cluster = harness.cluster_of("tp3")
+    cluster["gateway"] = {}
+    project = write_stack(tmp_path, "tp3", cluster)
+    code, out, err = run(args("plan", "tp3", None, project, "--json"))
+    assert code == 0, err
+    doc = json.loads(out)
+    head = doc["memory_budget"][0]
+    assert head["node"] == "spark1" and head["budgetMiB"] == head["unifiedMiB"] - head["reserveMiB"] == 123084
+    assert [(c["container"], c["limitMiB"]) for c in head["containers"]] == [
+        ("tp3-rank0", 123084 - 1536 - 256), ("tp3-gateway", 1024), ("tp3-gateway-db", 512), ("tp3-guard", 256)]
+    assert head["limitsMiB"] == 123084 and head["freeMiB"] == 0
+    assert doc["nodes"][0]["memory_limit_mib"] == 123084 - 1536 - 256
+    assert doc["nodes"][0]["memory_gate_need_mib"] == head["containers"][0]["needMiB"] == 110815
+    assert [b["containers"][0]["limitMiB"] for b in doc["memory_budget"][1:]] == [123084 - 256, 123084 - 256]
+    code, text, _ = run(args("plan", "tp3", None, project))
+    assert code == 0
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("spark1  124,620"))
+    assert row.split()[:7] == ["spark1", "124,620", "1,536", "123,084", "123,084", "0", "10,477"]
+    assert row.rstrip().endswith("tp3-rank0 121,292 (needs 110,815), tp3-gateway 1,024, tp3-gateway-db 512, tp3-guard 256")

@@ -303,6 +303,18 @@ def test_memory_plan_is_printed(rec):
     assert any(level == "INFO" and m.startswith("memory plan (") for level, m in rec.logs)
 
 
+def test_each_nodes_memory_budget_is_printed_with_the_limit_every_rank_gets(rec, stack):
+    """The preview log: a line per node, its budget and each container's limit, the rank's need; the limits
+    are the ones the rank containers are registered with."""
+    log = next(m for level, m in rec.logs if level == "INFO" and m.startswith("memory budget per node"))
+    lines = log.splitlines()[1:]
+    ranks = sorted((r for r in rec.of_type("docker:index/container:Container") if "-rank" in r.inputs["name"]),
+                   key=lambda r: r.inputs["name"])  # fmt: skip
+    assert [line.split(":")[0].strip() for line in lines] == [n["name"] for n in cluster_of(stack)["nodes"]]
+    for line, rank in zip(lines, ranks):
+        assert f"{rank.inputs['name']} {rank.inputs['memory']:,} (needs " in line and " headroom " in line
+
+
 def _normalized(rec):
     return sorted(
         (r.type, r.name, json.dumps(r.inputs, sort_keys=True, default=repr), tuple(sorted(r.dependencies)),

@@ -143,3 +143,18 @@ def test_behind_the_router_the_gateway_runs_on_the_routers_node():
     gw = reveal(r.outputs["gateway"])
     router_node = cluster["router"]["node"]
     assert gw["node"] == router_node and gw["upstream"] == reveal(r.outputs["router"])["endpoint"]
+
+
+def test_tp3_with_the_gateway_on_the_head_gives_its_rank_what_the_gateway_leaves_and_keeps_the_reserve():
+    """The issue's case: rank 0's limit plus the gateway's two used to add up to all of the head's 121.7 GiB."""
+    cluster = cluster_of("tp3")
+    cluster["gateway"] = {}
+    after = run_program("tp3", cluster=cluster)
+    limits = {r.inputs["name"]: r.inputs["memory"] for r in after.of_type(CONTAINER)}
+    budget_mib = int(121.7 * 1024) - 1536  # memory.hostReserveGiB 1.5 stays with the OS
+    assert limits["tp3-gateway"] == 1024 and limits["tp3-gateway-db"] == 512 and limits["tp3-guard"] == 256
+    assert limits["tp3-rank0"] + 1024 + 512 + 256 == budget_mib
+    assert limits["tp3-rank1"] == limits["tp3-rank2"] == budget_mib - 256  # beside them: their node's guard
+    log = next(m for _, m in after.logs if m.startswith("memory budget per node"))
+    assert (f"tp3-rank0 {limits['tp3-rank0']:,} (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + tp3-guard "
+            f"256 = {budget_mib:,}") in log

@@ -59,6 +59,18 @@ def test_router_runs_sglang_router_with_every_group_as_a_worker(rec, stack):
     assert rec.named(f"{stack}-router-docker").inputs["host"].endswith(f"@{host}")
 
 
+def test_the_router_has_a_memory_limit_and_its_nodes_rank_gives_it_room(rec, stack):
+    """router.memoryMiB (1024) is the router container's limit, no swap; the rank on its node is given what its
+    budget leaves (never more), and the preview log shows that node's budget with the router in it."""
+    router = rec.named(f"{stack}-router-container")
+    assert router.inputs["memory"] == router.inputs["memorySwap"] == 1024
+    head = group_ranks(rec, stack, "a")[0]
+    budget_mib = int(121.7 * 1024) - 1536
+    assert head.inputs["memory"] == head.inputs["memorySwap"] <= budget_mib - 1024
+    log = next(m for _, m in rec.logs if m.startswith("[group a] memory budget per node"))
+    assert f"spark1: budget {budget_mib:,} MiB" in log and f"{stack}-router 1,024" in log
+
+
 def test_the_key_never_reaches_router_args_labels_or_outputs(rec):
     for res in rec.resources:
         for text in plain_strings(res.inputs):

@@ -116,13 +116,21 @@ def test_member_keys_must_be_secret_known_and_well_formed_and_no_message_shows_a
     assert "memberKeys.alice: must be sk-" in str(exc.value) and "sk-short-secret" not in str(exc.value)
 
 
-def test_gateway_limits_that_do_not_fit_beside_the_rank_are_a_warning_naming_the_node():
-    assert not [w for w in rules.check_stack(_team(), "st")[1] if w.rule == "gateway-memory"]
-    _, warnings = rules.check_stack(_team(memoryMiB=16384, databaseMemoryMiB=16384), "st")
-    found = [w for w in warnings if w.rule == "gateway-memory"]
-    assert found and "on spark1" in found[0].problem and "hostReserveGiB" in found[0].fix
-    gp = stackplan.build_stack(_team(), "st").gateway
+def test_gateway_limits_come_out_of_the_head_rank_and_are_refused_when_they_leave_it_less_than_its_need():
+    """The gateway's containers share the head's budget: the rank's limit is what they leave, and limits that
+    leave the rank less than it needs are an error naming the node, the figures and the gateway's fields.
+    (A sim-* stack name: the test double's memory figures are refused anywhere else.)"""
+    assert rules.check_stack(_team(), "sim-st")[0] == []
+    cp = stackplan.build_stack(_team(), "sim-st")
+    gp, (head, worker) = cp.gateway, cp.budgets
     assert (gp.gateway.memory_mib, gp.database.memory_mib) == (1024, 512)
+    assert [c.container for c in head.containers] == ["sim-st-rank0", "sim-st-gateway", "sim-st-gateway-db", "sim-st-guard"]
+    assert [c.container for c in worker.containers] == ["sim-st-rank1", "sim-st-guard"]
+    errors, _ = rules.check_stack(_team(memoryMiB=16384, databaseMemoryMiB=16384), "sim-st")
+    (found,) = [e for e in errors if e.rule == "node-memory-budget"]
+    assert found.field == "gateway.memoryMiB" and found.value == 16384
+    assert "on spark1" in found.problem and "sim-st-gateway 16,384 + sim-st-gateway-db 16,384" in found.problem
+    assert "(gateway.memoryMiB, gateway.databaseMemoryMiB, serving.selfHeal.memoryMiB) or place them on another node" in found.fix
 
 
 def test_the_prometheus_output_and_dashboard_cover_the_gateway_per_member():

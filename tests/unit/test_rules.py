@@ -44,6 +44,7 @@ FAILING = {
     "unique-nodes": ("tp4", _duplicate_host, "nodes[1].host"),
     "fabric-ip-is-ipv4": ("tp4", _set(["nodes", 2, "fabricIp"], "spark3-cx7"), "nodes[2].fabricIp"),
     "fabric-planes": ("tp3", _set(["fabric", "bootstrap"], "fabric"), "fabric.bootstrap"),
+    "fabric-link-ips": ("tp3", _set(["nodes", 0, "linkIps"], ["10.0.22.1"]), "nodes[0].linkIps[0]"),
     "ep-divides-tp": ("tp4", _set(["serving", "epSize"], 3), "serving.epSize"),
     "ports-distinct": ("tp4", _set(["serving", "distPort"], 8888), "serving.distPort"),
     "no-ram-offload": ("tp4", _set(["serving", "offloadMode"], "ram"), "serving.offloadMode"),
@@ -71,6 +72,7 @@ PASSING = {
         _set(["serving", "maxModelLen"], 16384)(raw))),
     "pinned-revision-warning": ("tp2", _set(["model", "revision"], "a" * 40)),
     "kv-pin-clamp-warning": ("tp4", _set(["serving", "maxTotalTokens"], 6_000_000)),
+    "fabric-link-ips": ("tp3", lambda raw: raw),  # a triangle: a linkIp per further cable, each its own subnet
 }
 # vLLM variants of the engine-aware rules: (mutation of tp2, field the finding must name)
 VLLM_FAILING = {
@@ -264,6 +266,13 @@ def test_vllm_mp_backend_may_set_dist_port_and_keeps_ray_port():
     assert [f.field for f in _findings(raw, "ports-distinct")] == ["serving.distPort"]
     ray = _set(["serving", "distPort"], 29500)(cluster_of("tp2"))
     assert [f.field for f in _findings(ray, "engine-fields")] == ["serving.distPort"]  # the Ray backend has no use for it
+
+
+@pytest.mark.parametrize("profile", ["llama", "deepseek-v4.1-flash-nvfp4"])  # unknown; the other engine's
+def test_a_profile_without_figures_for_the_engine_is_reported_not_a_crash(profile):
+    """The rules that plan rank specs (engine-version) wait for known-profile instead of failing on the figures."""
+    errors, _ = rules.check(parse_cluster(_set(["model", "profile"], profile)(cluster_of("tp4"))), "tp4")
+    assert [e.rule for e in errors] == ["known-profile"]
 
 
 def test_the_guards_port_is_its_own_on_every_node():

@@ -1,0 +1,126 @@
+"""The rules on each node's memory budget (planning/budget.py), checked at preview with the others.
+
+They are stack rules (rules.stack_rule): a node's budget counts the containers the router and the
+gateway place beside its rank. Registered when planning.rules is imported (its last line imports this
+module), so `rules.STACK_RULES` holds them wherever the rules run.
+"""
+
+from __future__ import annotations
+
+from declared.config import ClusterConfig, StackConfig
+
+from . import budget, plan, rules
+from .budget import NodeBudget
+from .rules import Finding
+
+
+def _plannable(cfg: ClusterConfig, stack: str) -> bool:
+    """The group's memory plan can be computed (otherwise engine-fields, known-profile or memory-plan-fits
+    already say why)."""
+    if rules._engine_fields(cfg, stack) or rules._profile(cfg, stack):
+        return False
+    return plan.memory_plan(cfg).known
+
+
+def budgets(sc: StackConfig, stack: str) -> tuple[NodeBudget, ...]:
+    """The stack's budgets, or () while a group's memory plan cannot be computed."""
+    if not all(_plannable(e.cfg, e.plan_name(stack)) for e in sc.groups):
+        return ()
+    return budget.node_budgets(sc, stack)
+
+
+def _need_knobs(cfg: ClusterConfig) -> str:
+    if cfg.engine == "vllm":
+        return "serving.gpuMemoryUtilization or serving.maxModelLen"
+    return "serving.maxTotalTokens, serving.maxRunningRequests or memory.runtimeFloorGiB"
+
+
+def _others(b: NodeBudget) -> str:
+    """", less 1,536 MiB for tp3-gateway 1,024 + tp3-gateway-db 512" (nothing without other containers)."""
+    if not b.others:
+        return ""
+    return f", less {sum(c.limit_mib for c in b.others):,} MiB for " + " + ".join(
+        f"{c.container} {c.limit_mib:,}" for c in b.others)
+
+
+def _budget_text(b: NodeBudget, cfg: ClusterConfig) -> str:
+    return (f"{b.node}'s budget is {b.budget_mib:,} MiB (memory.unifiedGiB {cfg.memory.unified_gib:g} less "
+            f"memory.hostReserveGiB {cfg.memory.host_reserve_gib:g})")
+
+
+def _move_others(b: NodeBudget) -> str:
+    fields = ", ".join(c.field for c in b.others)
+    return f"give the node's other containers less ({fields}) or place them on another node"
+
+
+def _short(b: NodeBudget, sc: StackConfig) -> Finding:
+    """The rank's limit (what the budget leaves it) is below what it needs to start."""
+    cfg, r = sc.groups[b.group].cfg, b.rank
+    # the largest reserve (GiB, to 0.1) with which the budget still holds the rank's need and the others' limits
+    reserve = int((b.unified_mib - r.need_mib - sum(c.limit_mib for c in b.others)) / 1024 * 10) / 10
+    fixes = [f"lower memory.hostReserveGiB to at most {reserve:g}"] if reserve >= 0.5 else []
+    fixes.append(f"lower what the rank needs ({_need_knobs(cfg)})")
+    if b.others:
+        fixes.append(_move_others(b))
+    if b.others and r.need_mib <= b.budget_mib:  # the rank alone would fit: name what came beside it
+        field, value = b.others[0].field, b.others[0].limit_mib
+    elif reserve >= 0.5:  # the reserve is what takes the room
+        field, value = budget.group_field(sc, b.group, "memory.hostReserveGiB"), cfg.memory.host_reserve_gib
+    elif cfg.engine == "vllm":
+        field, value = budget.group_field(sc, b.group, "serving.gpuMemoryUtilization"), cfg.serving.gpu_memory_utilization
+    else:
+        field, value = budget.group_field(sc, b.group, "serving.maxTotalTokens"), cfg.serving.max_total_tokens
+    return Finding("node-memory-budget", field, value,
+                   f"rank {r.container} on {b.node} needs {r.need_mib:,} MiB to start (the memory gate's figure) but "
+                   f"its limit is {r.limit_mib:,} MiB: {_budget_text(b, cfg)}{_others(b)}, so its own limit would "
+                   "kill it at boot", "; or ".join(fixes))  # fmt: skip
+
+
+def _over(b: NodeBudget, sc: StackConfig) -> Finding:
+    """The node's containers may take more together than its budget."""
+    cfg = sc.groups[b.group].cfg
+    listed = " + ".join(f"{c.container} {c.limit_mib:,}" for c in b.containers)
+    if b.others:  # the other containers' limits are stack fields (router.*, gateway.*)
+        field, value, fix = b.others[0].field, b.others[0].limit_mib, _move_others(b)
+    else:
+        field, value = budget.group_field(sc, b.group, "memory.hostReserveGiB"), cfg.memory.host_reserve_gib
+        fix = "lower the containers' limits, or memory.hostReserveGiB"
+    return Finding("node-memory-budget", field, value,
+                   f"the limits of the containers on {b.node} add up to {b.limits_mib:,} MiB ({listed}), "
+                   f"{-b.free_mib:,} MiB more than its budget: {_budget_text(b, cfg)}; they could take the memory "
+                   "the reserve keeps for sshd, dockerd and the OS", fix)  # fmt: skip
+
+
+def problems(b: NodeBudget, sc: StackConfig) -> list[Finding]:
+    """One node's errors: its rank's limit below its need; its containers' limits beyond its budget."""
+    out = []
+    if b.rank.limit_mib < b.rank.need_mib:
+        out.append(_short(b, sc))
+    if b.free_mib < 0:
+        out.append(_over(b, sc))
+    return out
+
+
+@rules.stack_rule("node-memory-budget")
+def _node_budget(sc: StackConfig, stack: str = "") -> list[Finding]:
+    """Every container on a node within the node's budget, and every rank's limit at least its need."""
+    return [f for b in budgets(sc, stack) for f in problems(b, sc)]
+
+
+@rules.stack_rule("node-memory-headroom-warning")
+def _thin(sc: StackConfig, stack: str = "") -> list[Finding]:
+    """A rank whose limit leaves little above its need: a little more than the plan's figures kills it."""
+    out = []
+    for b in budgets(sc, stack):
+        r, cfg = b.rank, sc.groups[b.group].cfg
+        margin = r.limit_mib - r.need_mib
+        if 0 <= margin < budget.THIN_HEADROOM_MIB:
+            out.append(Finding("node-memory-headroom-warning", budget.group_field(sc, b.group, "memory.hostReserveGiB"),
+                               cfg.memory.host_reserve_gib,
+                               f"rank {r.container}'s limit on {b.node} ({r.limit_mib:,} MiB) leaves {margin:,} MiB above "
+                               f"what it needs ({r.need_mib:,} MiB): a rank that takes a little more than the plan's "
+                               "figures is killed by its limit",
+                               f"lower what the rank needs ({_need_knobs(cfg)}) or memory.hostReserveGiB"
+                               + (f", or {_move_others(b)}" if b.others else ""),
+                               level="warning"))  # fmt: skip
+    return out
