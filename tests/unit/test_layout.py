@@ -44,7 +44,7 @@ def violations(folder: str) -> list[str]:
     ours, third = ALLOWED[folder]
     bad = []
     local = {p.stem for p in (ROOT / folder).glob("*.py")}  # the policy pack imports its siblings by name
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    for path in sorted(p for p in (ROOT / folder).rglob("*.py") if ".venv" not in p.parts):  # policy/.venv: the pack's
         siblings = {p.stem for p in path.parent.glob("*.py")}
         for mod in imports(path) - STDLIB - {"__future__"} - local - siblings:
             if folder == "programs" and path.name == "argcheck.py" and mod in ENGINES:
