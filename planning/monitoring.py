@@ -1,6 +1,6 @@
 """What Prometheus scrapes on a stack, from its plan (pure): exported as the `prometheus` output and
-rendered by `python -m dspark.clients --format prometheus` as a `scrape_configs:` block; and a
-Grafana dashboard over those series (`--format grafana`).
+rendered by `python -m dspark.clients --format prometheus` as a `scrape_configs:` block; and the series the
+dashboard (dspark/dashboard.py, `--format grafana`) and the alert rules (alerts.py) read, by exporter.
 
 - the router's own exporter (`--prometheus-port`, no key): requests, latencies, per-group health
   and outcomes (`smg_*`);
@@ -23,14 +23,27 @@ from typing import Any
 from programs.membership import GAUGES
 from .stackplan import ClusterPlan, StackPlan
 
-# The series the dashboard (monitoring/grafana-dashboard.json) reads, by exporter.
+# The series the dashboard (dspark/dashboard.py) and the alert rules (alerts.py) read, by exporter: what every
+# target of that role (or engine) serves. tests/unit/test_dashboard.py and test_alert_rules.py check every query
+# against what the exporters really serve; the e2e reads every target for them.
 SERIES = {
     "router": ("smg_http_requests_total", "smg_http_request_duration_seconds_bucket", "smg_worker_health",
                "smg_worker_cb_outcomes_total"),
-    **GAUGES,  # the engines' running and queued requests: what the drain reads too
+    # the engines' rank 0: the real families (sim/testdouble/metric_families.py); the drain reads the first two
+    "sglang": (*GAUGES["sglang"], "sglang:time_to_first_token_seconds_bucket", "sglang:e2e_request_latency_seconds_bucket",
+               "sglang:inter_token_latency_seconds_bucket", "sglang:prompt_tokens_total",
+               "sglang:generation_tokens_total", "sglang:token_usage", "sglang:max_total_num_tokens"),
+    "vllm": (*GAUGES["vllm"], "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+             "vllm:inter_token_latency_seconds_bucket", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+             "vllm:kv_cache_usage_perc"),
     "gateway": ("dspark_gateway_requests_total", "dspark_gateway_tokens_total", "dspark_gateway_rejected_total"),
+    # the group's leader (node 0's guard); every guard serves dspark_guard_up
     "guard": ("dspark_guard_group_state", "dspark_guard_heals_total", "dspark_guard_exhausted",
-              "dspark_guard_last_heal_seconds_to_serve"),
+              "dspark_guard_last_heal_seconds_to_serve", "dspark_guard_rank_up"),
+    # every node's guard: its rails, and the group's last bandwidth gate
+    "fabric": ("dspark_node_rail_up", "dspark_node_rail_speed_mbps", "dspark_fabric_pair_gbps", "dspark_fabric_floor_gbps"),
+    # every node's node-exporter (Debian's prometheus-node-exporter: the meminfo collector), target label `node`
+    "node": ("node_memory_MemAvailable_bytes", "node_memory_Cached_bytes", "node_memory_MemTotal_bytes"),
 }  # fmt: skip
 
 
@@ -133,7 +146,7 @@ def dashboard(scrape: list[dict[str, Any]], stack: str) -> dict[str, Any]:
             ("Guard gave up (1: the group stays down)", [(f"dspark_guard_exhausted{{{sel}}}", "{{group}}")], "short"),
         ]  # fmt: skip
     for engine in engines:
-        running, queued = SERIES[engine]
+        running, queued = SERIES[engine][:2]
         panels += [
             (f"Running requests per group ({engine})", [(f"{running}{{{sel}}}", "{{group}}")], "short"),
             (f"Queued requests per group ({engine})", [(f"{queued}{{{sel}}}", "{{group}}")], "short"),
