@@ -222,11 +222,11 @@ def render_rules(outputs: Mapping[str, Any], stack: str = "") -> str:
 
 def render_grafana(outputs: Mapping[str, Any], stack: str) -> str:
     """A Grafana dashboard over what `--format prometheus` scrapes (its queries select stack=<stack>)."""
-    from planning import monitoring
+    from dspark import dashboard
 
     configs = _scrape_configs(outputs)
     labels = [sc.get("labels", {}).get("stack") for c in configs for sc in c.get("static_configs", [])]
-    return json.dumps(monitoring.dashboard(configs, stack or next((s for s in labels if s), "")), indent=2) + "\n"
+    return json.dumps(dashboard.dashboard(configs, stack or next((s for s in labels if s), "")), indent=2) + "\n"
 
 
 # ------------------------------------------------------------------------------------------- write

@@ -57,3 +57,28 @@ def test_what_a_double_serves_is_what_the_real_engine_registers(engine, env, tmp
         if fam.kind == "histogram" and fam.samples:
             bounds = sorted({float(ls["le"]) for n, ls, _ in fam.samples if n.endswith("_bucket")} - {float("inf")})
             assert bounds == want["buckets"], name
+
+
+def test_the_rules_and_dashboards_read_engine_series_of_the_table():
+    """Every engine series the alert rules and the dashboards of every stack query is one of the table's (so one
+    the tests above found in the real packages)."""
+    import copy
+
+    import alertfiles
+    import served
+    from dspark import dashboard
+    from planning import alerts, monitoring
+
+    table = {n for fams in metric_families.FAMILIES.values() for f in fams for n in served.sample_names(f.kind, f.name)}
+    used: set[str] = set()
+    for stack in alertfiles.STACKS:
+        cp = alertfiles.plan_of(stack)
+        exprs = [r["expr"] for r in alerts.rule_groups(cp)["groups"][0]["rules"]]
+        doc = dashboard.dashboard(copy.deepcopy(monitoring.scrape_configs(cp)), stack)
+        exprs += [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+        used |= {n for e in exprs for n in served.metric_names(e) if n.startswith(("sglang:", "vllm:"))}
+    assert {"sglang:time_to_first_token_seconds_bucket", "sglang:max_total_num_tokens",
+            "vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc"} <= used
+    assert used <= table, used - table
+    for engine in ("sglang", "vllm"):  # what the e2e reads on every engine target
+        assert set(monitoring.SERIES[engine]) <= table
