@@ -9,7 +9,7 @@ from typing import Any
 
 import pulumi
 
-from planning import monitoring
+from planning import alerts, monitoring
 from planning.clientconfig import client_config
 
 from .cluster import DeepSeekCluster, DeepSeekClusterArgs
@@ -59,6 +59,7 @@ def deploy(
     # per group: the fabric gate's measured bandwidth per node pair and rail at the last (re)start
     outputs["fabric"] = {sp.group_name: (c.fabric.figures if c.fabric else None) for sp, c in zip(cp.groups, clusters)}
     outputs["prometheus"] = {"scrape_configs": monitoring.scrape_configs(cp)}
+    outputs["alert_rules"] = alerts.rule_groups(cp)
 
     if router is None:
         outputs["client_config"] = clusters[0].client_config

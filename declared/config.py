@@ -251,6 +251,14 @@ class MemoryConfig(_Strict):
                               description="before a group starts, fail when a node's MemAvailable is below its rank's need")  # fmt: skip
 
 
+class AlertsConfig(_Strict):
+    """What the alert rules (planning/alerts.py: the `alert_rules` output, `dspark.clients --format prometheus-rules`)
+    hold this group to; the other thresholds come from the plan (KV pool, memory floor, fabric floor)."""
+
+    ttft_seconds: float = Field(default=10.0, gt=0, le=3600, description="p95 time to first token over 5 minutes "
+                                "above this, for 10 minutes, fires DsparkTimeToFirstTokenHigh (raise it for long prompts)")
+
+
 class ImageBuildConfig(_Strict):
     """Build `image` on every node from a local context (the recipe's overlay on the base image,
     like the reference's `start.sh build`) instead of pulling it. The context is uploaded from
@@ -282,6 +290,7 @@ class ClusterConfig(_Strict):
     ssh: SshConfig = SshConfig()
     readiness: ReadinessConfig = ReadinessConfig()
     memory: MemoryConfig = MemoryConfig()
+    alerts: AlertsConfig = AlertsConfig()
     state_dir: NodePath | None = Field(
         default=None, description="head dir for the API key file (default: /var/lib for root, else ~/.local/state)"
     )
@@ -500,7 +509,7 @@ def _errors(exc: ValidationError, root: str = "cluster") -> list[str]:
 
 GROUP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,14}[a-z0-9])?$")
 GROUP_FIELDS = ("engine", "nodes", "model", "image", "engineVersion", "imageBuild", "imageTimeoutMinutes", "serving", "engram",
-                "fabric", "share", "readiness", "memory", "topology", "stateDir")  # fmt: skip
+                "fabric", "share", "readiness", "memory", "alerts", "topology", "stateDir")  # fmt: skip
 
 
 def _merge(base: dict, override: dict) -> dict:

@@ -5,6 +5,7 @@
     python -m dspark.clients --stack tp4 --format curl
     python -m dspark.clients --stack sim-team --member alice --format openai-env --out alice.env  # her own key
     python -m dspark.clients --stack tp4x2 --format prometheus --out scrape.yml   # no key in it
+    python -m dspark.clients --stack tp4x2 --format prometheus-rules --out deepseek-spark.rules.yml  # alert rules
     python -m dspark.clients --stack tp4x2 --format grafana --out dashboard.json  # import in Grafana
 
 Outputs come from `pulumi stack output --json --show-secrets --stack X` (when the CLI is on PATH)
@@ -29,7 +30,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from planning.clientconfig import Client, litellm_config
 
-FORMATS = ("openai-env", "litellm", "curl", "prometheus", "grafana")
+FORMATS = ("openai-env", "litellm", "curl", "prometheus", "prometheus-rules", "grafana")
 SECRET_PLACEHOLDER = "[secret]"  # what `pulumi stack output --json` prints without --show-secrets
 PROMPT = "What is 19 + 23?"
 
@@ -209,13 +210,23 @@ def render_prometheus(outputs: Mapping[str, Any], stack: str = "") -> str:
             + yaml.safe_dump({"scrape_configs": configs}, sort_keys=False))  # fmt: skip
 
 
+def render_rules(outputs: Mapping[str, Any], stack: str = "") -> str:
+    """The stack's `alert_rules` output as a rules file for Prometheus's `rule_files:` (no secret)."""
+    from planning import alerts
+
+    rules = outputs.get("alert_rules")
+    if not isinstance(rules, Mapping) or not isinstance(rules.get("groups"), list):
+        raise ClientConfigError("the outputs have no `alert_rules` (a stack from before they existed): run `pulumi up` once")
+    return alerts.render(dict(rules), stack)
+
+
 def render_grafana(outputs: Mapping[str, Any], stack: str) -> str:
     """A Grafana dashboard over what `--format prometheus` scrapes (its queries select stack=<stack>)."""
-    from planning import monitoring
+    from dspark import dashboard
 
     configs = _scrape_configs(outputs)
     labels = [sc.get("labels", {}).get("stack") for c in configs for sc in c.get("static_configs", [])]
-    return json.dumps(monitoring.dashboard(configs, stack or next((s for s in labels if s), "")), indent=2) + "\n"
+    return json.dumps(dashboard.dashboard(configs, stack or next((s for s in labels if s), "")), indent=2) + "\n"
 
 
 # ------------------------------------------------------------------------------------------- write
@@ -265,6 +276,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         outputs = read_outputs(args.stack, args.outputs_file)
         if args.format == "prometheus":
             text = render_prometheus(outputs, args.stack or "")
+        elif args.format == "prometheus-rules":
+            text = render_rules(outputs, args.stack or "")
         elif args.format == "grafana":
             text = render_grafana(outputs, args.stack or "")
         else:

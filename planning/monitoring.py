@@ -1,6 +1,6 @@
 """What Prometheus scrapes on a stack, from its plan (pure): exported as the `prometheus` output and
-rendered by `python -m dspark.clients --format prometheus` as a `scrape_configs:` block; and a
-Grafana dashboard over those series (`--format grafana`).
+rendered by `python -m dspark.clients --format prometheus` as a `scrape_configs:` block; and the series the
+dashboard (dspark/dashboard.py, `--format grafana`) and the alert rules (alerts.py) read, by exporter.
 
 - the router's own exporter (`--prometheus-port`, no key): requests, latencies, per-group health
   and outcomes (`smg_*`);
@@ -23,14 +23,28 @@ from typing import Any
 from programs.membership import GAUGES
 from .stackplan import ClusterPlan, StackPlan
 
-# The series the dashboard (monitoring/grafana-dashboard.json) reads, by exporter.
+# The series the dashboard (dspark/dashboard.py) and the alert rules (alerts.py) read, by exporter: what every
+# target of that role (or engine) serves. tests/unit/test_dashboard.py and test_alert_rules.py check every query
+# against what the exporters really serve; the e2e reads every target for them.
 SERIES = {
     "router": ("smg_http_requests_total", "smg_http_request_duration_seconds_bucket", "smg_worker_health",
                "smg_worker_cb_outcomes_total"),
-    **GAUGES,  # the engines' running and queued requests: what the drain reads too
-    "gateway": ("dspark_gateway_requests_total", "dspark_gateway_tokens_total", "dspark_gateway_rejected_total"),
+    # the engines' rank 0: the real families (sim/testdouble/metric_families.py); the drain reads the first two
+    "sglang": (*GAUGES["sglang"], "sglang:time_to_first_token_seconds_bucket", "sglang:e2e_request_latency_seconds_bucket",
+               "sglang:inter_token_latency_seconds_bucket", "sglang:prompt_tokens_total",
+               "sglang:generation_tokens_total", "sglang:token_usage", "sglang:max_total_num_tokens"),
+    "vllm": (*GAUGES["vllm"], "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+             "vllm:inter_token_latency_seconds_bucket", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+             "vllm:kv_cache_usage_perc"),
+    "gateway": ("dspark_gateway_requests_total", "dspark_gateway_tokens_total", "dspark_gateway_rejected_total",
+                "dspark_gateway_budget_tokens", "dspark_gateway_budget_used_tokens"),
+    # the group's leader (node 0's guard); every guard serves dspark_guard_up
     "guard": ("dspark_guard_group_state", "dspark_guard_heals_total", "dspark_guard_exhausted",
-              "dspark_guard_last_heal_seconds_to_serve"),
+              "dspark_guard_last_heal_seconds_to_serve", "dspark_guard_rank_up"),
+    # every node's guard: its rails, and the group's last bandwidth gate
+    "fabric": ("dspark_node_rail_up", "dspark_node_rail_speed_mbps", "dspark_fabric_pair_gbps", "dspark_fabric_floor_gbps"),
+    # every node's node-exporter (Debian's prometheus-node-exporter: the meminfo collector), target label `node`
+    "node": ("node_memory_MemAvailable_bytes", "node_memory_Cached_bytes", "node_memory_MemTotal_bytes"),
 }  # fmt: skip
 
 
@@ -83,67 +97,3 @@ def gateway_key_file(stack: str) -> str:
     """Where the scrape config expects the gateway's metrics key (`python -m dspark.clients --format
     prometheus --key-file` writes it there)."""
     return f"/etc/prometheus/{stack}-gateway-metrics-key"
-
-
-def _panel(i: int, title: str, exprs: list[tuple[str, str]], unit: str = "short") -> dict[str, Any]:
-    return {
-        "id": i + 1,
-        "type": "timeseries",
-        "title": title,
-        "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "targets": [{"refId": chr(65 + j), "expr": e, "legendFormat": legend} for j, (e, legend) in enumerate(exprs)],
-    }
-
-
-def dashboard(scrape: list[dict[str, Any]], stack: str) -> dict[str, Any]:
-    """A Grafana dashboard (JSON model) for the series `scrape_configs` collects on `stack`."""
-    roles = {c["job_name"].rsplit("-", 1)[-1] for c in scrape}
-    engines = sorted({sc["labels"]["engine"] for c in scrape if c["job_name"].endswith("-engine")
-                      for sc in c["static_configs"]})  # fmt: skip
-    sel = f'stack="{stack}"'
-    panels: list[tuple[str, list[tuple[str, str]], str]] = []
-    if "router" in roles:
-        panels += [
-            ("Requests through the router", [(f"sum(rate(smg_http_requests_total{{{sel}}}[1m]))", "req/s")], "reqps"),
-            ("Router latency p95", [(f"histogram_quantile(0.95, sum by (le) (rate("
-                                     f"smg_http_request_duration_seconds_bucket{{{sel}}}[5m])))", "p95")], "s"),
-            ("Groups in rotation (router health)", [(f"smg_worker_health{{{sel}}}", "{{worker}}")], "short"),
-            ("Outcomes per group", [(f"sum by (worker, outcome) (rate(smg_worker_cb_outcomes_total{{{sel}}}[1m]))",
-                                     "{{worker}} {{outcome}}")], "reqps"),
-        ]  # fmt: skip
-    if "gateway" in roles:
-        panels += [
-            ("Requests per member (gateway)", [(f"sum by (member, status) (rate(dspark_gateway_requests_total{{{sel}}}"
-                                                 "[5m]))", "{{member}} {{status}}")], "reqps"),
-            ("Tokens per member (gateway)", [(f"sum by (member, kind) (rate(dspark_gateway_tokens_total{{{sel}}}[5m]))",
-                                               "{{member}} {{kind}}")], "short"),
-            ("Refused requests (gateway)", [(f"sum by (reason) (rate(dspark_gateway_rejected_total{{{sel}}}[5m]))",
-                                             "{{reason}}")], "reqps"),
-        ]  # fmt: skip
-    if "guard" in roles:
-        panels += [
-            ("Group state (guard)", [(f"max by (group, state) (dspark_guard_group_state{{{sel}}}) == 1",
-                                      "{{group}} {{state}}")], "short"),
-            ("Heals (guard)", [(f"sum by (group, fault, result) (increase(dspark_guard_heals_total{{{sel}}}[1h]))",
-                                "{{group}} {{fault}} {{result}}")], "short"),
-            ("Seconds from the last fault to serving (guard)",
-             [(f"dspark_guard_last_heal_seconds_to_serve{{{sel}}}", "{{group}}")], "s"),
-            ("Guard gave up (1: the group stays down)", [(f"dspark_guard_exhausted{{{sel}}}", "{{group}}")], "short"),
-        ]  # fmt: skip
-    for engine in engines:
-        running, queued = SERIES[engine]
-        panels += [
-            (f"Running requests per group ({engine})", [(f"{running}{{{sel}}}", "{{group}}")], "short"),
-            (f"Queued requests per group ({engine})", [(f"{queued}{{{sel}}}", "{{group}}")], "short"),
-        ]
-    return {
-        "title": f"deepseek-spark {stack}",
-        "uid": f"deepseek-spark-{stack}"[:40],
-        "schemaVersion": 39,
-        "time": {"from": "now-1h", "to": "now"},
-        "refresh": "30s",
-        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
-        "panels": [_panel(i, t, e, u) for i, (t, e, u) in enumerate(panels)],
-    }

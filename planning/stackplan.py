@@ -126,6 +126,16 @@ class ReadinessPlan:
 
 
 @dataclass(frozen=True)
+class AlertTargets:
+    """What the alert rules hold the group to (planning/alerts.py)."""
+
+    kv_tokens: int  # the KV pool rank 0 should obtain (plan.expected_kv_tokens)
+    min_kv_share: float  # readiness.minKvShare: less than this share of kv_tokens is a shortfall
+    memory_floor_gib: float  # memory.runtimeFloorGiB: what the plan keeps free on a node while the group serves
+    ttft_seconds: float  # alerts.ttftSeconds: the p95 time to first token to stay under
+
+
+@dataclass(frozen=True)
 class StackPlan:
     stack: str
     engine: str
@@ -145,6 +155,7 @@ class StackPlan:
     # per node of the group, in rank order: its memory budget, every container the stack places there (budget.py)
     budgets: tuple[NodeBudget, ...] = ()
     guard: Optional[GuardPlan] = None  # the guard on every node (serving.selfHeal), None when it is off
+    alerts: Optional[AlertTargets] = None  # what the alert rules hold the group to
 
     @property
     def group_name(self) -> str:
@@ -318,6 +329,8 @@ def build(
         if any(n.download is not None and n.download.from_head for n in nodes) else None,
         guard=guard_plan.build(cfg, stack, stack[: -len(group) - 1] if group else stack,
                                needs=tuple(r.need_mib for r in ranks)),
+        alerts=AlertTargets(plan.expected_kv_tokens(cfg), cfg.readiness.min_kv_share, cfg.memory.runtime_floor_gib,
+                            cfg.alerts.ttft_seconds),
     )
 
 

@@ -74,8 +74,10 @@ ADAPTATIONS: list[Adaptation] = [
     Adaptation("engine is the sglang-sim TEST DOUBLE (image sglang-sim:test-double): same flags, rank "
                "rendezvous at --dist-init-addr, /health, /v1/models, /v1/chat/completions; no model: a fixed answer, streamed "
                "at 100 tokens/s (max_tokens of filler with ignore_eos/min_tokens), so bench figures are the double's; "
-               "/metrics (sglang: with --enable-metrics; vllm: always) has only the running/waiting request gauges "
-               "(waiting is always 0: the doubles never queue)",
+               "/metrics (sglang: with --enable-metrics; vllm: always) serves a subset of the real engines' families "
+               "(sim/testdouble/metric_families.py: names, types, labels and buckets checked against the packages by "
+               "tests/conformance/test_real_metrics.py) with the double's own figures: waiting is always 0 (the doubles "
+               "never queue), a non-streamed answer comes whole (no inter-token gaps), no `_created` samples",
                "no GPU and no 476 GiB checkpoint", "sim/testdouble"),
     Adaptation("the doubles' parsers are built from the REAL parsers' option tables (sglang 0.5.23, vllm 0.31.0: "
                "declared/options, dumped from the PyPI packages; tests/conformance keeps them equal), with "
@@ -186,7 +188,7 @@ ADAPTATIONS: list[Adaptation] = [
                "sim/images.py, sim/cluster.py"),
     Adaptation("the router in front of sim-x2's groups is the REAL sglang-router 0.3.2 (PyPI wheel), started from "
                "the engine test-double image (the groups' image) instead of the SGLang image; the groups it routes "
-               "to and drains are test doubles (their /metrics carry only the request gauges)",
+               "to and drains are test doubles (their /metrics: the subset of the real families above)",
                "no registry is reachable: the SGLang image cannot be pulled", "Pulumi.sim-x2.yaml, sim/images.py"),
     Adaptation("a privileged container (the guard) gets every capability the node itself holds, not all of them: "
                "the sim-runc runtime drops what the node's bounding set lacks (CAP_SYS_RESOURCE) and logs it",

@@ -259,9 +259,8 @@ def node_overlay(rootfs_key: str) -> Overlay:
 def engine_overlay(rootfs_key: str) -> Overlay:
     ov = Overlay()
     pkg = "usr/lib/python3/dist-packages"
-    for name in ("__init__.py", "flags.py", "openai_api.py", "server.py", "engram.py", "launch_server.py",
-                 "vllm_serve.py", "parsers.py", "nccl.py"):
-        ov.add(f"{pkg}/dspark_testdouble/{name}", (TESTDOUBLE / name).read_bytes())
+    for path in sorted(TESTDOUBLE.glob("*.py")):  # every module of the doubles (a missing one breaks the image)
+        ov.add(f"{pkg}/dspark_testdouble/{path.name}", path.read_bytes())
     # the REAL engines' option tables the doubles' parsers are built from (declared/options)
     for table in sorted(OPTIONS.glob("*.json")):
         ov.add(f"{pkg}/dspark_testdouble/options/{table.name}", table.read_bytes())

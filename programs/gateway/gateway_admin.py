@@ -55,16 +55,27 @@ CREATE INDEX IF NOT EXISTS dspark_usage_member_at ON dspark_usage (member, at);
 
 PERIODS = ("day", "week", "month")  # PostgreSQL's date_trunc fields, in the database's time zone (UTC)
 
-# The key check (one query per request): the key's member, scopes and limits, and the tokens the member
-# used in the current budget period (counted only when the member has a budget).
-KEY_CHECK = """
-SELECT k.member, k.models, k.rpm_limit, k.tpm_limit, k.token_budget, k.budget_period,
-       CASE WHEN k.token_budget IS NULL THEN 0 ELSE (
+# The tokens key `k`'s member used in the current budget period (UTC): what the budget is checked against.
+USED_IN_PERIOD = """(
            SELECT coalesce(sum(u.prompt_tokens + u.completion_tokens), 0) FROM dspark_usage u
            WHERE u.member = k.member AND u.at >= date_trunc(k.budget_period, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
-       ) END,
+       )"""
+
+# The key check (one query per request): the key's member, scopes and limits, and the tokens the member
+# used in the current budget period (counted only when the member has a budget).
+KEY_CHECK = f"""
+SELECT k.member, k.models, k.rpm_limit, k.tpm_limit, k.token_budget, k.budget_period,
+       CASE WHEN k.token_budget IS NULL THEN 0 ELSE {USED_IN_PERIOD} END,
        date_trunc(k.budget_period, now() AT TIME ZONE 'UTC') + ('1 ' || k.budget_period)::interval
 FROM dspark_keys k WHERE k.key_hash = %s AND k.revoked_at IS NULL
+"""
+
+# Every member with an active key and a budget: (member, period, budget, tokens used this period), counted as
+# the key check counts them (the gateway's dspark_gateway_budget_* gauges; one row per member: their newest key).
+BUDGETS = f"""
+SELECT DISTINCT ON (k.member) k.member, k.budget_period, k.token_budget, {USED_IN_PERIOD}
+FROM dspark_keys k WHERE k.revoked_at IS NULL AND k.token_budget IS NOT NULL
+ORDER BY k.member, k.created_at DESC
 """
 
 SCHEMA_LOCK = 0x64737061726B  # "dspark": the advisory lock key the schema change holds
@@ -93,6 +104,17 @@ def db_url(secrets: dict[str, str]) -> str:
     """The connection string (password from the secrets file; the database listens on 127.0.0.1 only)."""
     return (f"host=127.0.0.1 port={secrets['DSPARK_DB_PORT']} dbname=dspark user=dspark "
             f"password={secrets['DSPARK_DB_PASSWORD']} connect_timeout=5")
+
+
+def read_budgets() -> list[tuple[str, str, int, int]]:
+    """BUDGETS now (member, period, budget, used); [] when the database does not answer."""
+    import psycopg
+
+    try:
+        with psycopg.connect(db_url(read_secrets()), autocommit=True) as conn:
+            return [(m, p, int(b), int(u)) for m, p, b, u in conn.execute(BUDGETS).fetchall()]
+    except (psycopg.Error, OSError):
+        return []
 
 
 def key_hash(key: str) -> str:

@@ -11,7 +11,9 @@
 - `usage_logger` (litellm_settings.callbacks): one `dspark_usage` row per request that reached the model
   (success or failure, with its tokens), so usage survives a gateway restart.
 - `dspark_gateway_*` Prometheus series on the proxy's /metrics, per member, from those rows (seeded from
-  the database at the first scrape after a start, then counted as requests are logged).
+  the database at the first scrape after a start, then counted as requests are logged); and per member with a
+  budget, `dspark_gateway_budget_tokens` / `dspark_gateway_budget_used_tokens` {member, period}, read from the
+  database at each scrape with the key check's own count (gateway_admin.BUDGETS).
 
 LiteLLM (1.110) rules this follows: a rejection must be an HTTPException or a ProxyException (anything else
 becomes a 401 "Authentication Error"; only a ProxyException keeps its headers),
@@ -200,6 +202,20 @@ class UsageCollector:
             for reason, n in sorted(REJECTED.counts.items()):
                 rej.add_metric([reason], n)
         yield from (req, tok, rej)
+        yield from budget_families(admin.read_budgets() if up else [])
+
+
+def budget_families(rows: list[tuple[str, str, int, int]]) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """Per member with a budget: the budget and the tokens used this period, as the key check counts them (the key
+    check refuses once used >= budget)."""
+    budget = GaugeMetricFamily("dspark_gateway_budget_tokens", "a member's token budget per period (prompt + "
+                               "completion tokens)", labels=["member", "period"])  # fmt: skip
+    used = GaugeMetricFamily("dspark_gateway_budget_used_tokens", "tokens the member used in the current budget "
+                             "period (UTC), as the key check counts them", labels=["member", "period"])  # fmt: skip
+    for member, period, tokens, n in sorted(rows):
+        budget.add_metric([member, period], tokens)
+        used.add_metric([member, period], n)
+    return budget, used
 
 
 _COLLECTOR = UsageCollector()

@@ -8,11 +8,11 @@
 * ``pre_route(handler, method, path) -> bool``: engine routes tried first (``/health``, readiness);
   return True when it answered;
 * ``check_model``: reject a request naming an unknown model with vLLM's 404 error shape;
-* ``metrics``: the engine's Prometheus gauges (``Metrics``): when set, ``GET /metrics`` serves the
-  number of requests being generated (streams included) and waiting, exact under concurrency
-  (``InFlight``: counted from the moment a valid request starts generating until its response or
-  stream is written, or the client went away). Unset: ``/metrics`` is 404, like SGLang without
-  ``--enable-metrics``.
+* ``metrics``: the engine's Prometheus families (``metric_families.EngineMetrics``, the real engines'
+  names, types and labels): when set, ``GET /metrics`` serves them, fed by every valid request (running
+  from the moment it starts generating until its response or stream is written, or the client went away,
+  exact under concurrency; its tokens, time to first token, inter-token gaps and end-to-end latency).
+  Unset: ``/metrics`` is 404, like SGLang without ``--enable-metrics``.
 
 Every log line goes through :func:`emit` (one whole line per event, never interleaved).
 """
@@ -27,6 +27,8 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Callable
+
+from .metric_families import EngineMetrics
 
 _LOG_LOCK = threading.Lock()
 
@@ -63,51 +65,7 @@ def message_text(messages) -> str:
     return "\n".join(parts)
 
 
-class InFlight:
-    """Requests being generated right now (thread-safe; one per server)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._running = 0
-
-    def __enter__(self) -> "InFlight":
-        with self._lock:
-            self._running += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._running -= 1
-
-    @property
-    def running(self) -> int:
-        with self._lock:
-            return self._running
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """Prometheus gauge names and help texts of one engine; the label is ``model_name``."""
-    running: str
-    running_help: str
-    waiting: str
-    waiting_help: str
-
-
-SGLANG_METRICS = Metrics("sglang:num_running_reqs", "The number of running requests.",
-                         "sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-VLLM_METRICS = Metrics("vllm:num_requests_running", "Number of requests in model execution batches.",
-                       "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def prometheus_text(m: Metrics, model_name: str, running: int, waiting: int = 0) -> str:
-    """Prometheus text exposition (format 0.0.4) of the two gauges, as prometheus_client writes them."""
-    label = model_name.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    out = []
-    for name, help_text, value in ((m.running, m.running_help, running), (m.waiting, m.waiting_help, waiting)):
-        out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f'{name}{{model_name="{label}"}} {float(value)}']
-    return "\n".join(out) + "\n"
 
 
 @dataclass
@@ -124,8 +82,7 @@ class Api:
     debug: bool = False
     owned_by: str = ""
     extra_model_fields: dict = field(default_factory=dict)
-    metrics: Metrics | None = None                # None: no /metrics route (404)
-    inflight: InFlight = field(default_factory=InFlight)
+    metrics: EngineMetrics | None = None          # None: no /metrics route (404)
 
 
 def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
@@ -199,8 +156,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/chat/completions" and method == "POST":
                 return self._chat()
             if path == "/metrics" and method == "GET" and api.metrics:
-                return self.send_text(200, prometheus_text(api.metrics, api.model_names[0], api.inflight.running),
-                                      PROMETHEUS_CONTENT_TYPE)
+                return self.send_text(200, api.metrics.text(), PROMETHEUS_CONTENT_TYPE)
             return self.send_json(404, {"error": f"no route {method} {path}"})
 
         def _chat(self) -> None:
@@ -223,16 +179,26 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                      "total_tokens": 0}
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             cid, created = "chatcmpl-sim-" + uuid.uuid4().hex[:16], int(time.time())
-            with api.inflight:  # generating: counted until the answer is written or the client is gone
-                try:
-                    self._answer(req, model, answer, usage, cid, created)
-                except ConnectionError:  # broken pipe / reset: the client disconnected
-                    self.close_connection = True
-                    if api.debug:
-                        api.log(f"client went away during {cid}")
+            m = api.metrics
+            # generating: counted until the answer is written or the client is gone
+            r = m.started(usage["prompt_tokens"], bool(req.get("stream"))) if m else None
+            done = False
+            try:
+                self._answer(req, model, answer, usage, cid, created, r)
+                done = True
+            except ConnectionError:  # broken pipe / reset: the client disconnected
+                self.close_connection = True
+                if api.debug:
+                    api.log(f"client went away during {cid}")
+            finally:
+                if m:
+                    (m.finished if done else m.aborted)(r)
 
-        def _answer(self, req: dict, model: str, answer: str, usage: dict, cid: str, created: int) -> None:
+        def _answer(self, req: dict, model: str, answer: str, usage: dict, cid: str, created: int, r) -> None:
+            m = api.metrics
             if not req.get("stream"):
+                if m:
+                    m.answer(r, usage["completion_tokens"])
                 return self.send_json(200, {
                     "id": cid, "object": "chat.completion", "created": created, "model": model,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
@@ -258,6 +224,8 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                 if i:
                     time.sleep(DECODE_SECONDS_PER_TOKEN)
                 chunk({"content": word if i == 0 else " " + word})
+                if m:
+                    m.token(r)
             chunk({}, finish="stop")
             if (req.get("stream_options") or {}).get("include_usage"):
                 chunk({}, use=usage)

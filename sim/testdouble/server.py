@@ -7,8 +7,9 @@ exchange ``PING`` heartbeats; if any rank disappears after formation every rank 
 
 HTTP (``--host:--port``): rank 0 serves ``/health`` (503 until formed and NCCL is up), ``/v1/models`` and
 ``/v1/chat/completions`` (non-streaming and SSE), and with ``--enable-metrics`` ``/metrics`` (Prometheus
-text: ``sglang:num_running_reqs`` = requests being generated, streams included, and
-``sglang:num_queue_reqs`` = 0, labelled ``model_name``; without the flag 404, as SGLang). With
+text: the real SGLang families of ``metric_families.SGLANG``: requests running (streams included) and queued
+(0), tokens, time to first token, latencies, the KV pool obtained and its usage; without the flag 404, as
+SGLang). With
 ``--api-key`` every path except those starting with ``/health`` or ``/metrics`` needs
 ``Authorization: Bearer <key>`` (SGLang's API-key middleware exempts both). Workers serve a dummy ``/health``.
 
@@ -30,7 +31,7 @@ import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from . import flags, nccl, openai_api
+from . import flags, metric_families, nccl, openai_api
 from .openai_api import answer_for, message_text  # noqa: F401  (re-exported: shared with vllm-sim)
 
 HEARTBEAT_S = 2.0
@@ -182,14 +183,22 @@ def kv_share() -> float:
     return float(os.environ.get("DSPARK_SIM_KV_SHARE", "1") or 1)
 
 
+def kv_pool(args) -> int:
+    """The KV pool (tokens) the double obtains: its pin (--max-total-tokens) times kv_share()."""
+    return int(int(args.max_total_tokens or 0) * kv_share())
+
+
+def context_len(args) -> int:
+    return int(args.context_length or 131072)
+
+
 def boot_report(args) -> list[str]:
     """What real SGLang logs once its pools exist (scheduler.py on tp rank 0; dspark_worker_v2.py when
     DSPARK is on), with the double's figures."""
-    pool = int(int(args.max_total_tokens or 0) * kv_share())
     # resolved values, as the real scheduler prints them (the doubles' defaults where a flag is absent)
-    lines = [f"max_total_num_tokens={pool}, chunked_prefill_size={int(args.chunked_prefill_size or 8192)}, "
+    lines = [f"max_total_num_tokens={kv_pool(args)}, chunked_prefill_size={int(args.chunked_prefill_size or 8192)}, "
              f"max_prefill_tokens=16384, max_running_requests={int(args.max_running_requests or 48)}, "
-             f"context_len={int(args.context_length or 131072)}, available_gpu_mem=3.20 GB"]
+             f"context_len={context_len(args)}, available_gpu_mem=3.20 GB"]
     if str(args.speculative_algorithm or "").upper() == "DSPARK":
         lines.insert(0, f"Initialized DSpark draft runner. attention_backend=dsv4, model={args.model_path}, "
                         f"gamma={args.speculative_dspark_block_size}, verify_num_draft_tokens="
@@ -274,12 +283,16 @@ def make_handler(args, group: Group, engine: str):
             return False
         return True
 
+    model = args.served_model_name or args.model_path or "default"
+    # SGLang serves /metrics only with --enable-metrics (its scheduler's and tokenizer's collectors)
+    metrics = (metric_families.EngineMetrics("sglang", model, kv_pool(args), context_len(args))
+               if args.enable_metrics else None)  # fmt: skip
     return openai_api.make_handler(openai_api.Api(
-        engine=engine, model_names=[args.served_model_name or args.model_path or "default"],
+        engine=engine, model_names=[model],
         root=args.model_path, max_model_len=int(args.context_length or 0) or None, api_key=args.api_key,
         guarded=lambda path: not path.startswith(("/health", "/metrics")), pre_route=pre_route, log=group.log,
         debug=(args.log_level or "").lower() == "debug",
-        metrics=openai_api.SGLANG_METRICS if args.enable_metrics else None))
+        metrics=metrics))
 
 
 def main(argv: list[str] | None = None, engine: str = "sglang") -> int:

@@ -13,8 +13,9 @@
 4. HTTP on ``--host:--port`` (only once the executor is up, as vLLM): ``/health`` and ``/ping`` 200
    with an empty body, ``/version``, ``/v1/models``, ``/v1/chat/completions`` (shared with the SGLang
    double: ``openai_api``), ``/metrics`` (always, as vLLM: Prometheus text with
-   ``vllm:num_requests_running`` = requests being generated, streams included, and
-   ``vllm:num_requests_waiting`` = 0, labelled ``model_name`` = the first served name). API key: ``--api-key`` or ``$VLLM_API_KEY``; when set, only paths starting
+   the real vLLM families of ``metric_families.VLLM``, labelled ``model_name`` = the first served name and
+   ``engine`` = "0": requests running (streams included) and waiting (0), tokens, time to first token,
+   latencies, KV cache usage against the pool it logged). API key: ``--api-key`` or ``$VLLM_API_KEY``; when set, only paths starting
    with ``/v1`` need ``Authorization: Bearer <key>`` (401 ``{"error": "Unauthorized"}``), as in vLLM.
 5. Ray executor: every ``DSPARK_VLLM_RAY_POLL_S`` (2 s) the double re-reads ``ray.nodes()``; if a
    node hosting a rank is no longer alive, or the head is unreachable, it logs which one and exits 1.
@@ -36,7 +37,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-from . import flags, nccl, openai_api
+from . import flags, metric_families, nccl, openai_api
 
 __version__ = "0.11.0+test-double"
 TAG = "vllm-sim test-double"
@@ -268,7 +269,8 @@ def serve(args) -> int:
     handler = openai_api.make_handler(openai_api.Api(
         engine="vllm", model_names=names, root=args.model, max_model_len=args.max_model_len, api_key=api_key,
         guarded=lambda path: path.startswith("/v1"), pre_route=pre_route, check_model=True, log=log,
-        debug=args.uvicorn_log_level in ("debug", "trace"), metrics=openai_api.VLLM_METRICS))
+        debug=args.uvicorn_log_level in ("debug", "trace"),
+        metrics=metric_families.EngineMetrics("vllm", names[0], tokens)))
     try:
         httpd = ThreadingHTTPServer((args.host, args.port), handler)
     except OSError as e:

@@ -63,4 +63,12 @@ def site_packages(name: str) -> Path:
                                capture_output=True, text=True, check=True).stdout.strip())
 
 
-
+def run_script(name: str, script: Path, *args: str, timeout: float = 900) -> dict:
+    """`script` (one of this folder's drivers) run with environment `name`'s python; its last stdout line as JSON."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(python_of(name)), str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+    if proc.returncode != 0:
+        raise AssertionError(f"{script.name} in {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])

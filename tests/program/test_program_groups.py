@@ -146,7 +146,7 @@ def test_one_group_stacks_have_no_router_and_keep_their_names():
     assert rec.named("tp4-sglang-generation") and rec.named("tp4-readiness-check")
     assert all("--enable-metrics" not in r.inputs["command"] for r in rec.ranks())
     assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision",
-                                "groups", "boot", "fabric", "prometheus", "client_config"}  # fmt: skip
+                                "groups", "boot", "fabric", "prometheus", "alert_rules", "client_config"}  # fmt: skip
     jobs = {c["job_name"]: c for c in rec.outputs["prometheus"]["scrape_configs"]}
     assert set(jobs) == {"tp4-guard"}  # SGLang without --enable-metrics, no router: only the guards
     assert jobs["tp4-guard"]["static_configs"][0]["targets"] == [f"10.0.0.{i}:9850" for i in range(1, 5)]
@@ -302,6 +302,15 @@ def test_prometheus_scrapes_the_router_and_every_group_head(rec, stack):
     assert [g["labels"]["group"] for g in guards] == [g["name"] for g in rec.outputs["groups"]]
     assert sum(len(g["targets"]) for g in guards) == len(rec.ranks()) and configs[f"{stack}-guard"]["honor_labels"]
     assert all(TEST_API_KEY not in text for text in plain_strings(rec.outputs["prometheus"]))
+
+
+def test_alert_rules_output_covers_every_group(rec, stack):
+    rules = rec.outputs["alert_rules"]["groups"][0]["rules"]
+    assert rec.outputs["alert_rules"]["groups"][0]["name"] == f"deepseek-spark-{stack}"
+    for alert in ("DsparkGroupDown", "DsparkRankDown", "DsparkKvPoolBelowPlan", "DsparkTimeToFirstTokenHigh"):
+        assert {r["labels"]["group"] for r in rules if r["alert"] == alert} == {g["name"] for g in rec.outputs["groups"]}
+    assert all(r["labels"]["stack"] == stack for r in rules)
+    assert all(TEST_API_KEY not in text for text in plain_strings(rec.outputs["alert_rules"]))
 
 
 def test_boot_output_per_group_from_each_readiness_probe():

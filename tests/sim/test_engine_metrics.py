@@ -1,4 +1,5 @@
-"""In-flight request gauges of the TEST DOUBLES (``GET /metrics``), run locally on 127.0.0.1 (no docker).
+"""The TEST DOUBLES' ``GET /metrics``, run locally on 127.0.0.1 (no docker): the in-flight request gauges, and the
+real engines' families they serve (sim/testdouble/metric_families.py) fed by the requests they answer.
 
 SGLang double: ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs`` only with ``--enable-metrics``
 (else 404); vLLM double: ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` always. Both
@@ -9,72 +10,35 @@ relies on.
 """
 from __future__ import annotations
 
-from http.client import HTTPConnection
 import json
-import re
-import socket
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from http.client import HTTPConnection
 
 import pytest
 from sim_helpers import http, sse, wait_for
 
-from sim.testdouble import engram, openai_api
+import engine_double
+import promtext
+from sim.testdouble import metric_families, openai_api
 
-ROOT = Path(__file__).resolve().parents[2]
-KEY = "k1"
-MODEL = "deepseek-v4.1-flash"
+KEY, MODEL = engine_double.KEY, engine_double.MODEL
 GAUGES = {"sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
           "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting")}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Engine:
-    """One TEST DOUBLE process (one rank, API key KEY) on 127.0.0.1; killed by its own handle."""
-
-    def __init__(self, engine: str, tmp: Path, metrics: bool = True):
-        self.engine, self.port = engine, _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        if engine == "sglang":
-            argv = ["-m", "sim.testdouble.launch_server", "--model-path", "/m", "--served-model-name", MODEL,
-                    "--host", "127.0.0.1", "--port", str(self.port), "--api-key", KEY,
-                    "--nnodes", "1", "--node-rank", "0", "--tp", "1"] + (["--enable-metrics"] if metrics else [])
-        else:
-            ckpt = tmp / "ckpt"
-            ckpt.mkdir(exist_ok=True)
-            (ckpt / "config.json").write_bytes(engram.checkpoint_files()["config.json"])
-            argv = ["-m", "sim.testdouble.vllm_serve", "serve", str(ckpt), "--served-model-name", MODEL,
-                    "--host", "127.0.0.1", "--port", str(self.port), "--api-key", KEY]
-        self.log = tmp / f"{engine}-{self.port}.log"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        if not wait_for(lambda: http(self.base + "/health")[0] == 200, 20, 0.1):
-            self.stop()
-            raise AssertionError(f"{engine} double did not come up: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+class Engine(engine_double.Engine):
+    """The double with the request gauges read exactly and long streams held open."""
 
     def gauges(self) -> dict[str, float]:
-        """The two gauges of /metrics (fetched without a key), by metric name; asserts their labels."""
-        code, body = http(self.base + "/metrics")
-        assert code == 200, (code, body)
+        """The two request gauges of /metrics (fetched without a key), by metric name; asserts their labels."""
+        fams = self.families()
         out = {}
         for name in GAUGES[self.engine]:
-            assert f"# TYPE {name} gauge" in body
-            m = re.search(rf'^{re.escape(name)}\{{model_name="{re.escape(MODEL)}"\}} (\S+)$', body, re.M)
-            assert m, body
-            out[name] = float(m.group(1))
+            fam = fams[name]
+            assert fam.kind == "gauge" and len(fam.samples) == 1, fam
+            _, labels, value = fam.samples[0]
+            assert labels["model_name"] == MODEL, labels
+            out[name] = value
         return out
 
     def running(self) -> float:
@@ -198,7 +162,97 @@ def test_sglang_without_enable_metrics_has_no_metrics_route(tmp_path):
 
 
 def test_prometheus_text_escapes_the_label():
-    text = openai_api.prometheus_text(openai_api.VLLM_METRICS, 'a"b\\c\nd', 3)
-    assert 'vllm:num_requests_running{model_name="a\\"b\\\\c\\nd"} 3.0' in text.splitlines()
-    assert 'vllm:num_requests_waiting{model_name="a\\"b\\\\c\\nd"} 0.0' in text.splitlines()
+    reg = metric_families.Registry(metric_families.VLLM)
+    reg.set("vllm:num_requests_running", ('a"b\\c\nd', "0"), 3)
+    text = reg.render()
+    assert 'vllm:num_requests_running{model_name="a\\"b\\\\c\\nd",engine="0"} 3.0' in text.splitlines()
     assert text.endswith("\n")
+    fam = promtext.parse(text)["vllm:num_requests_running"]
+    assert fam.samples == [("vllm:num_requests_running", {"model_name": 'a"b\\c\nd', "engine": "0"}, 3.0)]
+
+
+def served(engine) -> dict:
+    """(kind, label names, buckets) of every family the double serves, read back from its /metrics."""
+    out = {}
+    for name, fam in engine.families().items():
+        buckets = sorted({float(ls["le"]) for n, ls, _ in fam.samples if n.endswith("_bucket")} - {float("inf")})
+        out[name] = (fam.kind, fam.label_names, tuple(buckets))
+    return out
+
+
+def test_the_double_serves_exactly_its_table_of_real_families(engine):
+    """Once a request of each kind was answered, every family of metric_families (the real engines' names, types,
+    labels and buckets: tests/conformance checks the table against the packages) has samples, and nothing else."""
+    engine.chat()
+    engine.chat(stream=True, max_tokens=5)
+    hang_up(engine.open_stream(3000))  # one the client gave up on
+    assert wait_for(lambda: engine.running() == 0, 5, 0.05)
+    table = {f.name: (f.kind, f.labels, f.buckets) for f in metric_families.FAMILIES[engine.engine]}
+    assert served(engine) == table
+
+
+def test_counters_and_histograms_follow_the_requests(engine):
+    fams = engine.families()
+    sg = engine.engine == "sglang"
+    name = {"prompt": "sglang:prompt_tokens_total" if sg else "vllm:prompt_tokens_total",
+            "gen": "sglang:generation_tokens_total" if sg else "vllm:generation_tokens_total",
+            "ttft": "sglang:time_to_first_token_seconds" if sg else "vllm:time_to_first_token_seconds",
+            "e2e": "sglang:e2e_request_latency_seconds" if sg else "vllm:e2e_request_latency_seconds",
+            "itl": "sglang:inter_token_latency_seconds" if sg else "vllm:inter_token_latency_seconds"}
+    if sg:  # the tokenizer's series appear with the first request, as SGLang's
+        assert name["prompt"] not in fams or not fams[name["prompt"]].samples
+    else:  # vLLM creates every series at start
+        assert fams[name["prompt"]].value() == 0 and fams[name["ttft"]].value("_count") == 0
+    engine.chat("one two three four five")                       # 5 prompt words, the fixed answer
+    engine.chat("six seven", stream=True, max_tokens=40)        # 40 tokens at 100 tokens/s
+    fams = engine.families()
+    total = lambda n, suffix="": sum(v for s, _, v in fams[n].samples if s == n + suffix)  # noqa: E731
+    answer = len(openai_api.fixed_answer(engine.engine).split())
+    assert total(name["prompt"]) == 5 + 2
+    assert total(name["gen"]) == answer + 40
+    assert total(name["ttft"], "_count") == 2 and total(name["e2e"], "_count") == 2
+    assert total(name["e2e"], "_sum") >= 39 * openai_api.DECODE_SECONDS_PER_TOKEN  # the stream's real decode time
+    assert total(name["itl"], "_count") == 39                   # the gaps between the stream's 40 tokens
+    assert 39 * 0.009 <= total(name["itl"], "_sum") <= 39 * 0.05
+    if sg:
+        assert fams["sglang:num_requests_total"].value(is_streaming="true") == 1
+        assert fams["sglang:num_requests_total"].value(is_streaming="false") == 1
+        assert fams["sglang:gen_throughput"].value() > 0
+    else:
+        assert fams["vllm:request_success_total"].value(finished_reason="stop") == 2
+
+
+def test_kv_pool_and_usage(tmp_path):
+    """The SGLang double's pool is its pin times DSPARK_SIM_KV_SHARE (what its boot log says too); the KV in use
+    is the tokens of the requests in flight."""
+    e = Engine("sglang", tmp_path, env={"DSPARK_SIM_KV_SHARE": "0.5"})
+    try:
+        fams = e.families()
+        assert fams["sglang:max_total_num_tokens"].value() == engine_double.KV_POOL // 2
+        assert fams["sglang:context_len"].value() == 65536
+        assert f"max_total_num_tokens={engine_double.KV_POOL // 2}," in e.log.read_text()
+        assert fams["sglang:token_usage"].value() == 0
+        conn = e.open_stream(3000)
+        fams = e.families()
+        used = fams["sglang:num_used_tokens"].value()
+        assert used >= 2 and fams["sglang:token_usage"].value() == used / (engine_double.KV_POOL // 2)
+        hang_up(conn)
+        assert wait_for(lambda: e.families()["sglang:num_used_tokens"].value() == 0, 5, 0.05)
+        assert e.families()["sglang:num_aborted_requests_total"].value() == 1  # the client went away
+    finally:
+        e.stop()
+
+
+def test_vllm_usage_against_the_pool_it_logged(tmp_path):
+    e = Engine("vllm", tmp_path)
+    try:
+        conn = e.open_stream(3000)
+        pool = 8192 * 4  # --max-model-len x --max-num-seqs, as its log line says
+        assert f"GPU KV cache size: {pool:,} tokens" in e.log.read_text()
+        usage = e.families()["vllm:kv_cache_usage_perc"].value()
+        assert 0 < usage < 0.01
+        hang_up(conn)
+        assert wait_for(lambda: e.families()["vllm:kv_cache_usage_perc"].value() == 0, 5, 0.05)
+        assert e.families()["vllm:request_success_total"].value(finished_reason="abort") == 1
+    finally:
+        e.stop()

@@ -87,3 +87,18 @@ def test_checkpoint_dir_without_whitespace():
     raw["model"]["checkpointDir"] = "/data/my models"
     with pytest.raises(ConfigError, match=r"cluster\.model\.checkpointDir: .*whitespace"):
         parse_cluster(raw)
+
+
+def test_alerts_ttft_target_default_override_and_refusal():
+    from declared.config import parse_stack
+    from planning import alerts, stackplan
+
+    raw = cluster_of("tp4x2")
+    assert parse_stack(raw).groups[0].cfg.alerts.ttft_seconds == 10.0
+    raw["groups"][1]["alerts"] = {"ttftSeconds": 30}  # a per-group field
+    cp = stackplan.build_stack(parse_stack(raw), "tp4x2")
+    ttft = [r for r in alerts.rule_groups(cp)["groups"][0]["rules"] if r["alert"] == "DsparkTimeToFirstTokenHigh"]
+    assert [(r["labels"]["group"], r["expr"].rsplit(" ", 1)[1]) for r in ttft] == [("a", "10"), ("b", "30")]
+    raw["groups"][1]["alerts"] = {"ttftSeconds": 0}
+    with pytest.raises(ConfigError, match=r"groups\[1\]\(b\)\.alerts\.ttftSeconds"):
+        parse_stack(raw)

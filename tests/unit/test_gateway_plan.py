@@ -134,13 +134,15 @@ def test_gateway_limits_come_out_of_the_head_rank_and_are_refused_when_they_leav
 
 
 def test_the_prometheus_output_and_dashboard_cover_the_gateway_per_member():
+    from dspark import dashboard
     from planning import monitoring
 
     cp = stackplan.build_stack(_team(), "st")
     job = next(c for c in monitoring.scrape_configs(cp) if c["job_name"] == "st-gateway")
     assert job["metrics_path"] == "/metrics/" and job["static_configs"][0]["targets"] == ["172.30.99.11:4000"]
     assert job["authorization"] == {"type": "Bearer", "credentials_file": "/etc/prometheus/st-gateway-metrics-key"}
-    exprs = [t["expr"] for p in monitoring.dashboard(monitoring.scrape_configs(cp), "st")["panels"] for t in p["targets"]]
+    panels = dashboard.dashboard(monitoring.scrape_configs(cp), "st")["panels"]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
     for series in monitoring.SERIES["gateway"]:
         assert any(series in e and "by (member" in e or series.endswith("rejected_total") and series in e for e in exprs)
     no_gateway = stackplan.build_stack(parse_stack(with_known_hosts(cluster_of("sim-tp2"))), "st")
