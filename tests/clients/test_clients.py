@@ -382,12 +382,7 @@ def test_grafana_dashboard_reads_only_the_scraped_series_of_its_stack(tmp_path):
         doc = json.loads(render_grafana(outputs, stack))
         exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
         assert exprs and all(f'stack="{stack}"' in e for e in exprs)
-<<<<<<< HEAD
-        used = {m for e in exprs for m in re.findall(r"([a-z_]+:?[a-z_]+)\{", e)}
-        known = {s for role in ("router", "guard", *engines) for s in monitoring.SERIES[role]}
-=======
         used = {m for e in exprs for m in served.metric_names(e)}
->>>>>>> issue-30
         assert used <= known, used - known
         assert any("smg_" in e for e in exprs) == (stack == "tp4x2")  # router panels only with a router
         assert any("vllm:" in e for e in exprs) == (stack == "tp2")

@@ -112,7 +112,8 @@ def test_tp3_with_the_gateway_on_the_head_leaves_the_reserve_and_gives_the_rank_
 
 
 def test_the_router_comes_out_of_its_nodes_rank_and_a_local_router_out_of_none():
-    sc, stack = stack_of("sim-x2")
+    capped = {"memFractionStatic": 0.95}  # the rank would take the whole node: what is left for it is the cap
+    sc, stack = stack_of("sim-x2", serving=capped)
     cp = stackplan.build_stack(sc, stack)
     spark1 = cp.budgets[0]
     assert [(c.container, c.limit_mib, c.field) for c in spark1.others] == [
@@ -120,14 +121,14 @@ def test_the_router_comes_out_of_its_nodes_rank_and_a_local_router_out_of_none()
     assert spark1.rank.limit_mib == spark1.budget_mib - 1024 - 256
     assert all(b.rank.limit_mib == b.budget_mib - 256 and [c.role for c in b.others] == ["guard"] for b in cp.budgets[1:])
     assert cp.router.spec.memory_mib == 1024
-    local, _ = stack_of("sim-x2", router={"node": "local"})
+    local, _ = stack_of("sim-x2", router={"node": "local"}, serving=capped)
     assert all([c.role for c in b.others] == ["guard"] for b in budget.node_budgets(local, "sim-x2"))
-    bigger, _ = stack_of("sim-x2", router={"memoryMiB": 4096})
+    bigger, _ = stack_of("sim-x2", router={"memoryMiB": 4096}, serving=capped)
     assert budget.node_budgets(bigger, "sim-x2")[0].rank.limit_mib == spark1.budget_mib - 4096 - 256
 
 
 def test_a_group_planned_alone_gives_its_ranks_the_whole_budget_but_its_own_guards():
-    sc, stack = stack_of("sim-x2")
+    sc, stack = stack_of("sim-x2", serving={"memFractionStatic": 0.95})  # capped: the rank gets what is left
     alone = stackplan.build(sc.groups[0].cfg, "sim-x2-a")
     assert [b.rank.limit_mib for b in alone.budgets] == [b.budget_mib - 256 for b in alone.budgets]
     assert all([(c.container, c.role) for c in b.others] == [("sim-x2-a-guard", "guard")] for b in alone.budgets)
