@@ -86,7 +86,8 @@ class DeepSeekCluster(pulumi.ComponentResource):
         if sp.guard is not None:
             ready = self.member if self.member is not None else self.readiness.check
             self.guard = Guard(f"{name}-guard", GuardArgs(
-                sp.guard, self.nodes, self.group.ranks, self.image.images, ready, self.group.api_key_file), child)
+                sp.guard, self.nodes, self.group.ranks, self.image.images, ready, self.group.api_key_file,
+                fabric=self.fabric.figures if self.fabric else None), child)  # fmt: skip
 
         self.endpoint = sp.endpoint
         self.model = sp.model

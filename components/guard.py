@@ -33,6 +33,7 @@ class GuardArgs:
     ready: pulumi.Resource  # the group's readiness check (behind a router: its membership)
     key_file: pulumi.Resource  # the API key file on the head, which the leader mounts
     after: list[pulumi.Resource] = field(default_factory=list)
+    fabric: Any = None  # Output[dict]: the group's last bandwidth gate report, which the leader serves as metrics
 
 
 class Guard(pulumi.ComponentResource):
@@ -88,6 +89,8 @@ class Guard(pulumi.ComponentResource):
             command = [*gp.base_args(gn.rank), "--container", args.ranks[gn.rank].id]
             if gn.rank == 0:
                 command += ["--leader", ids.apply(lambda v: gp.leader_json(dict(enumerate(v))))]
+                if args.fabric is not None:
+                    command += ["--fabric", pulumi.Output.from_input(args.fabric).apply(guard_plan.fabric_json)]
             self.containers.append(docker.Container(
                 f"{name}-{gn.node}",
                 name=gn.container_name,

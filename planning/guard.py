@@ -152,6 +152,15 @@ class GuardPlan:
         return argv + (["--leader", self.leader_json(ids)] if rank == 0 else [])
 
 
+def fabric_json(report: Optional[dict]) -> str:
+    """The leader's `--fabric`: the floor and each pair's total of the group's last bandwidth gate (its report, the
+    `fabric` output), which it serves as metrics; `{}` when the gate printed none."""
+    if not report:
+        return "{}"
+    pairs = [{"a": p["a"], "b": p["b"], "totalGbps": p["totalGbps"]} for p in report.get("pairs", [])]
+    return json.dumps({"floorGbps": report.get("floorGbps", 0), "pairs": pairs}, sort_keys=True)
+
+
 def orders(cfg: ClusterConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(start order, stop order) of the ranks, as Pulumi creates and deletes them: SGLang's head depends on
     every worker (workers first, the head last; the head deleted first), vLLM's workers join the head's Ray

@@ -16,6 +16,7 @@ preflight also runs `ethtool` and `ping`. Nothing is changed on the node.
             (pinned NCCL_IB_HCA / NCCL_SOCKET_IFNAME / NCCL_IB_GID_INDEX, and DSPARK_LINK_IPS, are read
             from the environment)
     python3 - ... --format check --node spark1 --speed-mbps 200000 --mtu 9000 --peer spark2=10.0.0.2
+    python3 - ... --format links    (each rail's state and negotiated speed, JSON: the guard serves them as metrics)
 """
 
 from __future__ import annotations
@@ -286,7 +287,18 @@ def host_checks(found: dict, speed_mbps: int, mtu: int, peers: list[tuple[str, s
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
+def link_states(found: dict) -> list[dict]:
+    """Each rail NCCL uses as a metric reads it (the guard serves these): its device state and negotiated speed
+    (ethtool, as preflight reads it; 0 when unknown)."""
+    out = []
+    for r in found["rails"]:
+        link, speed = _ethtool_speed(r["netdev"]) if r["netdev"] else (False, "")
+        rate = int(speed[:-4]) if speed.endswith("Mb/s") and speed[:-4].isdigit() else 0
+        out.append({"hca": r["hca"], "netdev": r["netdev"], "up": r["state"] == "ACTIVE" and link, "speed_mbps": rate})
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rails", description=__doc__.split("\n\n")[0])
     p.add_argument("--fabric-ip", required=True)
     p.add_argument("--bootstrap-ip", required=True)
@@ -295,12 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ifname", default=None)
     p.add_argument("--gid-index", type=int, default=None)
     p.add_argument("--sysfs", default=SYSFS)
-    p.add_argument("--format", choices=["env", "check", "json"], default="env")
+    p.add_argument("--format", choices=["env", "check", "json", "links"], default="env",
+                   help="links: each rail's state and speed as JSON (the guard's metrics)")
     p.add_argument("--node", default="")
     p.add_argument("--speed-mbps", type=int, default=0)
     p.add_argument("--mtu", type=int, default=0)
     p.add_argument("--peer", action="append", default=[], help="NAME=IP, a peer address on a shared link")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     if a.format == "env":  # in a rank container: what the fabric section pinned is in the rank's env
         env = os.environ
         a.hca = a.hca or env.get("NCCL_IB_HCA") or None
@@ -312,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.format == "json":
         print(json.dumps(found))
         return 1 if found["problems"] else 0
+    if a.format == "links":
+        print(json.dumps(link_states(found)))
+        return 0
     if a.format == "env":
         for check, message in found["problems"]:
             print(f"deepseek-spark fabric: FAIL {check}: {message}", file=sys.stderr)

@@ -18,6 +18,7 @@ import importlib.resources
 import json
 import secrets
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,6 +32,7 @@ from .dockerapi import Docker, DockerError
 from .journal import Journal
 
 PROGRAMS = ("rails.py", "memgate.py")  # the gates' programs, shipped in the archive beside the guard
+RAILS_TTL = 5.0  # seconds a reading of the node's rails serves scrapes (a scrape every 15 s by default)
 
 
 def log(msg: str) -> None:
@@ -61,6 +63,10 @@ class Guard:
         armed = [a.container] + [p["container"] for p in (self.leader or {}).get("peers", [])]
         self.journal = Journal(a.state_dir, armed)
         self.labels = {"stack": a.stack, "group": a.group, "node": a.node, "role": a.role}
+        self.rail_args = next((list(args) for gate, _, args in json.loads(a.gates) if gate == "rails"), None)
+        self.fabric = json.loads(a.fabric) if a.fabric else None  # the group's last bandwidth gate (the leader's)
+        self.host_run = subprocess.run  # runs a program on the node itself (heal.HOST), as the gates do
+        self.rails_read: tuple[float, list[dict]] = (float("-inf"), [])
 
     # ------------------------------------------------------------------ answering other guards
     def act(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -184,10 +190,49 @@ class Guard:
                     "since": self.started}  # fmt: skip
         return {"role": "leader", **self.journal.document()}
 
+    def rail_states(self) -> list[dict]:
+        """This node's rails as its rails gate finds them (programs/rails.py `--format links`, run on the node as the
+        gates are), read at most every RAILS_TTL seconds; [] when they cannot be read."""
+        at, states = self.rails_read
+        if time.monotonic() - at < RAILS_TTL:
+            return states
+        try:
+            r = self.host_run([*heal.HOST, "python3", "-", *self.rail_args, "--format", "links"],
+                              input=program_text("rails.py"), capture_output=True, text=True, timeout=30)  # fmt: skip
+            states = json.loads(r.stdout) if r.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            states = []
+        self.rails_read = (time.monotonic(), states)
+        return states
+
+    def fabric_metrics(self) -> list[str]:
+        """This node's rails as NCCL uses them (device state, negotiated speed) and, on the leader, the group's last
+        bandwidth gate per node pair (what `up` measured when the group last started)."""
+        group = f'stack="{self.a.stack}",group="{self.a.group}"'
+        lines = []
+        if self.rail_args is not None:
+            states = self.rail_states()
+            lines += ["# HELP dspark_node_rail_up A data-plane rail of this node is up (RoCE port ACTIVE, link detected).",
+                      "# TYPE dspark_node_rail_up gauge"]  # fmt: skip
+            labels = [f'{group},node="{self.a.node}",rail="{r["netdev"]}",hca="{r["hca"]}"' for r in states]
+            lines += [f"dspark_node_rail_up{{{lab}}} {int(r['up'])}" for lab, r in zip(labels, states)]
+            lines += ["# HELP dspark_node_rail_speed_mbps The rail's negotiated speed (ethtool), 0 when unknown.",
+                      "# TYPE dspark_node_rail_speed_mbps gauge"]  # fmt: skip
+            lines += [f"dspark_node_rail_speed_mbps{{{lab}}} {r['speed_mbps']}" for lab, r in zip(labels, states)]
+        if self.fabric:
+            lines += ["# HELP dspark_fabric_floor_gbps fabric.minBandwidthGbps: the bandwidth gate's floor per pair.",
+                      "# TYPE dspark_fabric_floor_gbps gauge", f"dspark_fabric_floor_gbps{{{group}}} "
+                      f"{self.fabric.get('floorGbps', 0)}",
+                      "# HELP dspark_fabric_pair_gbps What a node pair carried over all its rails at the last gate.",
+                      "# TYPE dspark_fabric_pair_gbps gauge"]  # fmt: skip
+            lines += [f'dspark_fabric_pair_gbps{{{group},a="{p["a"]}",b="{p["b"]}"}} {p["totalGbps"]}'
+                      for p in self.fabric.get("pairs", [])]  # fmt: skip
+        return lines
+
     def metrics(self) -> str:
         base = ",".join(f'{k}="{v}"' for k, v in self.labels.items())
         lines = ["# HELP dspark_guard_up The group's guard on this node runs.", "# TYPE dspark_guard_up gauge",
-                 f"dspark_guard_up{{{base}}} 1"]  # fmt: skip
+                 f"dspark_guard_up{{{base}}} 1", *self.fabric_metrics()]  # fmt: skip
         if self.leader is None:
             return "\n".join(lines) + "\n"
         j = self.journal
@@ -277,6 +322,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--container", required=True, help="this node's rank container, by the ID Pulumi created it with")
     p.add_argument("--gates", default="[]", help="JSON: [[gate, program, [args...]], ...] run on the node")
     p.add_argument("--leader", default="", help="JSON: peers, heal plan, settings, key file, interval (leader)")
+    p.add_argument("--fabric", default="", help="JSON: the group's last bandwidth gate report (leader; served as metrics)")
     a = p.parse_args(argv)
     if (a.role == "leader") != bool(a.leader):
         p.error("--leader is required with --role leader, and only then")

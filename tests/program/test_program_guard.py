@@ -49,7 +49,9 @@ def test_the_guard_starts_after_the_group_answered_and_depends_on_every_ranks_id
         group = labels_of(g)["deepseek-spark.stack"]
         mine = {r.urn for r in rec.ranks() if labels_of(r)["deepseek-spark.stack"] == group}
         assert set(g.property_dependencies["labels"]) == mine, "a label holds every rank's ID"
-        assert set(g.property_dependencies["command"]) <= mine and g.plain["command"][0] == "/state/guard.pyz"
+        # the ranks' IDs, and on the leader the group's last bandwidth gate (its --fabric, served as metrics)
+        gate = {r.urn for r in rec.resources if r.name == f"{group}-sglang-fabric-check" or r.name == f"{group}-vllm-fabric-check"}
+        assert set(g.property_dependencies["command"]) <= mine | gate and g.plain["command"][0] == "/state/guard.pyz"
         assert mine <= ranks
         ready = [d for d in g.dependencies if d.endswith(("-readiness-check", "-router-member"))]
         assert ready, g.dependencies
@@ -59,7 +61,7 @@ def test_the_leader_alone_carries_the_peers_and_reads_the_key_from_the_heads_fil
     for g in rec.containers("guard"):
         argv = g.plain["command"]
         role = argv[argv.index("--role") + 1]
-        assert ("--leader" in argv) == (role == "leader")
+        assert ("--leader" in argv) == (role == "leader") == ("--fabric" in argv)  # the gate's pairs: the leader's
         key_mount = [m for m in g.plain["mounts"] if m["target"] == "/run/secrets/dspark-api-key"]
         assert bool(key_mount) == (role == "leader") and all(m["readOnly"] for m in key_mount)
 

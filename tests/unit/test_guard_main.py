@@ -2,6 +2,8 @@
 its own rank only; anything else is refused; a restarted guard is asked again; /metrics and /status hold no
 secret."""
 
+import json
+import subprocess
 import threading
 import urllib.request
 from http.server import ThreadingHTTPServer
@@ -118,3 +120,46 @@ def test_metrics_and_status_answer_anyone_and_hold_no_secret(follower):
     status = urllib.request.urlopen(url + "/status", timeout=5).read().decode()
     assert '"role": "follower"' in status
     assert TOKEN not in metrics + status
+
+
+def test_every_guard_serves_its_rails_and_the_leader_the_last_gates_pairs(tmp_path):
+    """The fabric series the alert rules and the dashboard read: each node's rails as its rails gate finds them
+    (programs/rails.py --format links, run on the node as the gates are, at most every RAILS_TTL seconds), and on
+    the leader the group's last bandwidth gate (its `--fabric`)."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    gate = [["rails", "rails.py", ["--fabric-ip", "10.0.22.1", "--bootstrap-ip", "10.0.22.1", "--format", "check"]]]
+    report = {"floorGbps": 175, "pairs": [{"a": "spark1", "b": "spark2", "totalGbps": 186.9}]}
+    links = [{"hca": "rocep1s0f1", "netdev": "enp1s0f1np1", "up": True, "speed_mbps": 200000},
+             {"hca": "roceP2p1s0f1", "netdev": "enP2p1s0f1np1", "up": False, "speed_mbps": 200000}]  # fmt: skip
+    calls = []
+
+    def on_node(argv, input, **kw):
+        calls.append(argv)
+        assert argv[: len(heal.HOST)] == list(heal.HOST) and argv[-2:] == ["--format", "links"]
+        assert input == main.program_text("rails.py")
+        return subprocess.CompletedProcess(argv, 0, json.dumps(links), "")
+
+    argv = ["--stack", "sim", "--group", "sim", "--node", "spark1", "--rank", "0", "--role", "leader", "--port", "0",
+            "--state-dir", str(tmp_path), "--token-file", str(token), "--container", "c0", "--gates", json.dumps(gate),
+            "--leader", json.dumps({"peers": [], "heal": {}, "settings": {}}), "--fabric", json.dumps(report)]
+    g = main.Guard(main.parse(argv), docker=FakeDocker())
+    g.host_run = on_node
+    text = g.metrics()
+    lab = 'stack="sim",group="sim",node="spark1"'
+    assert f'dspark_node_rail_up{{{lab},rail="enp1s0f1np1",hca="rocep1s0f1"}} 1' in text
+    assert f'dspark_node_rail_up{{{lab},rail="enP2p1s0f1np1",hca="roceP2p1s0f1"}} 0' in text
+    assert f'dspark_node_rail_speed_mbps{{{lab},rail="enp1s0f1np1",hca="rocep1s0f1"}} 200000' in text
+    assert 'dspark_fabric_pair_gbps{stack="sim",group="sim",a="spark1",b="spark2"} 186.9' in text
+    assert 'dspark_fabric_floor_gbps{stack="sim",group="sim"} 175' in text
+    g.metrics()
+    assert len(calls) == 1  # a scrape within RAILS_TTL reads the last reading
+    g.host_run = lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "nsenter: permission denied")
+    g.rails_read = (float("-inf"), [])
+    assert "dspark_node_rail_up{" not in g.metrics()  # rails it cannot read: no series (the target stays up)
+    follower = main.Guard(main.parse([*argv[: argv.index("--role")], "--role", "follower", "--port", "0", "--state-dir",
+                                      str(tmp_path), "--token-file", str(token), "--container", "c1", "--gates",
+                                      json.dumps(gate)]), docker=FakeDocker())  # fmt: skip
+    follower.host_run = on_node
+    text = follower.metrics()
+    assert "dspark_node_rail_up{" in text and "dspark_fabric_pair_gbps" not in text

@@ -155,3 +155,13 @@ def test_a_peer_that_answers_nothing_is_no_route(tmp_path, tools):
     (d / "ping-max").write_text("0")
     (check, message), = rails.host_checks(found(tmp_path / "s"), 200000, 9000, [("spark3", "10.0.22.3")], net)
     assert check == "peer" and "no route over the data plane" in message and "ip route get 10.0.22.3" in message
+
+
+def test_link_states_are_each_rails_device_state_and_negotiated_speed_as_the_guard_serves_them(tmp_path, tools):
+    d, _ = tools
+    (d / "speed").write_text("100000")
+    devices = [dev if dev[0] != "roceP2p1s0f1" else (*dev[:3], "DOWN") for dev in DEVICES]
+    assert rails.link_states(found(tmp_path / "s", devices=devices)) == [
+        {"hca": "rocep1s0f1", "netdev": "enp1s0f1np1", "up": True, "speed_mbps": 100000},
+        {"hca": "roceP2p1s0f1", "netdev": "enP2p1s0f1np1", "up": False, "speed_mbps": 100000},
+    ]
