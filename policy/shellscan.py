@@ -101,7 +101,16 @@ def split_heredocs(script: str) -> Optional[tuple[str, list[tuple[str, str]]]]:
 
 
 def heredoc_reader(line: str) -> Optional[str]:
-    """What reads a heredoc on `line`: "shell", "python" or None (anything else)."""
+    """What reads a heredoc on `line`: "shell", "python" or None (anything else). A shell given its script with
+    `-c` does not read stdin as a script: what that script runs reads it (`sh -c 'cat > "$1"' sh f <<'X'`: data)."""
+    try:
+        argv = shlex.split(line)
+    except ValueError:
+        argv = None
+    if argv:
+        for i, word in enumerate(argv):
+            if posixpath.basename(word) in SHELLS and i + 2 < len(argv) and argv[i + 1] == "-c":
+                return heredoc_reader(argv[i + 2])
     words = [posixpath.basename(w) for w in re.split(r"[\s;|&()$]+", line)]
     runs = [w for w in words if w in SHELLS | INTERPRETERS]
     return None if not runs else ("python" if runs[0] in INTERPRETERS else "shell")

@@ -393,3 +393,15 @@ def test_a_python_heredoc_is_trusted_only_when_it_is_the_repositorys_own_program
     via_sh = "sh <<'EOF'\nrm -rf /home/zurih/NewModels/DS4.1\nEOF\n"
     found = run_policy("checkpoint-never-deleted", changed(preflight, create=via_sh))
     assert found and "cannot be parsed" not in found[0], found
+
+
+def test_a_heredoc_a_shells_c_script_reads_is_what_that_script_runs_reads():
+    """`sh -c 'cat > "$1"' sh FILE <<'X'` (how the gateway's and the monitoring's files are written): the shell
+    reads its script from -c, `cat` reads the heredoc, as data; a `sh -c 'sh'` still reads it as script."""
+    assert shellscan.heredoc_reader("sudo sh -c 'cat > \"$1\"' sh /var/lib/x/rules.yml.tmp <<'DSPARK_AB'") is None
+    assert shellscan.heredoc_reader("sh -c 'python3 -' <<'X'") == "python"
+    assert shellscan.heredoc_reader("sh -c 'exec sh' <<'X'") == "shell"
+    assert shellscan.heredoc_reader("sh <<'X'") == "shell"
+    body = "groups:\n- summary: '{{ $labels.node }} isn't up\"\n"  # unbalanced quotes: not a script, and not read as one
+    script = f"set -eu\nsh -c 'cat > \"$1\"' sh /tmp/r.yml <<'DSPARK_X'\n{body}DSPARK_X\nmv -f /tmp/r.yml /tmp/s.yml\n"
+    assert [c.argv[0] for c in shellscan.parse_script(script)] == ["set", "sh", "mv"]
