@@ -28,6 +28,7 @@ for group in plan.groups:
     pulumi.log.info(where + budget.summary(group.budgets))  # every container on each node, against its budget
     pulumi.log.info(where + group.planes)
 
-outputs = deployment.deploy(plan, settings.api_key, settings.ssh_private_key, settings.hf_token, settings.member_keys)
+outputs = deployment.deploy(plan, settings.api_key, settings.ssh_private_key, settings.hf_token, settings.member_keys,
+                            settings.alert_webhook)
 for name, value in outputs.items():
     pulumi.export(name, value)

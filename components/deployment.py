@@ -14,6 +14,7 @@ from planning.clientconfig import client_config
 
 from .cluster import DeepSeekCluster, DeepSeekClusterArgs
 from .gateway import Gateway, GatewayArgs
+from .monitoring import Monitoring, MonitoringArgs
 from .readiness import Readiness, ReadinessArgs
 from .router import Router, RouterArgs
 from planning.stackplan import ClusterPlan, StackPlan
@@ -32,7 +33,8 @@ def group_output(sp: StackPlan) -> dict[str, Any]:
 
 
 def deploy(
-    cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token: Any = None, member_keys: Any = None
+    cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token: Any = None, member_keys: Any = None,
+    alert_webhook: Any = None,
 ) -> dict[str, Any]:
     """Register every resource of the stack; returns the stack outputs by name."""
     router = Router(f"{cp.stack}-router", RouterArgs(cp.router, api_key, ssh_private_key)) if cp.router else None
@@ -69,9 +71,18 @@ def deploy(
         ready = Readiness(f"{cp.stack}-router-readiness", ReadinessArgs(cp.router.readiness, api_key, members))
         _router_outputs(cp, outputs, ready, api_key)
         upstream = [ready.check]
+    gateway = None
     if cp.gateway is not None:
-        _gateway_outputs(cp, outputs, Gateway(f"{cp.stack}-gateway", GatewayArgs(
-            cp.gateway, api_key, upstream, dict(member_keys or {}), ssh_private_key)))  # fmt: skip
+        gateway = Gateway(f"{cp.stack}-gateway", GatewayArgs(cp.gateway, api_key, upstream, dict(member_keys or {}),
+                                                             ssh_private_key))  # fmt: skip
+        _gateway_outputs(cp, outputs, gateway)
+    mp = cp.monitoring
+    if mp is not None and (mp.exporters or mp.server is not None):
+        nodes = {n.node.name: n for c in clusters for n in c.nodes}
+        ready = [gateway.readiness.check] if gateway else upstream
+        Monitoring(f"{cp.stack}-monitoring", MonitoringArgs(mp, nodes, alert_webhook,
+                                                            gateway.metrics_key if gateway else None, ready))  # fmt: skip
+        outputs["monitoring"] = mp.to_output()
     return outputs
 
 

@@ -29,6 +29,7 @@ API_KEY = "apiKey"
 SSH_KEY = "sshPrivateKey"
 HF_TOKEN = "hfToken"
 MEMBER_KEYS = "memberKeys"  # optional secret map member -> key (else each member's key is generated)
+ALERT_WEBHOOK = "alertWebhook"  # optional secret: where Alertmanager sends alerts (monitoring.server)
 
 
 class _Strict(BaseModel):
@@ -426,6 +427,43 @@ class GatewayConfig(_Strict):
         return self
 
 
+MONITORING_IMAGE = "deepseek-spark-monitoring:bookworm"  # built from programs/monitoring/Dockerfile (Debian's packages)
+
+
+class NodeExporterConfig(_Strict):
+    """Debian's prometheus-node-exporter on every node: its memory (MemAvailable, the page cache) and more."""
+
+    enabled: bool = Field(default=True, description="run it on every node (the memory alerts read it)")
+    port: int = Field(default=9100, ge=1024, le=65535, description="its port on every node's host network")
+    memory_mib: int = Field(default=64, ge=32, le=1024, alias="memoryMiB", description="its container's limit")
+
+
+class MonitoringServerConfig(_Strict):
+    """Prometheus and Alertmanager on one node, for a team that has none: they scrape every target of the
+    `prometheus` output, evaluate the `alert_rules` and send alerts to `alertWebhook` (a Pulumi secret)."""
+
+    node: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")] | None = Field(
+        default=None, description="the node that runs them (default: the router's node, else the head)"
+    )
+    prometheus_port: int = Field(default=9090, ge=1024, le=65535)
+    alertmanager_port: int = Field(default=9093, ge=1024, le=65535)
+    scrape_interval_seconds: int = Field(default=15, ge=1, le=3600)
+    evaluation_interval_seconds: int = Field(default=15, ge=1, le=3600)
+    group_wait_seconds: int = Field(default=30, ge=0, le=3600, description="Alertmanager's wait before a new alert")
+    group_interval_seconds: int = Field(default=60, ge=1, le=86400,
+                                        description="Alertmanager's wait before what changed in a group (a resolution too)")
+    retention: Annotated[str, Field(pattern=r"^[0-9]+[hdwy]$")] = Field(default="15d", description="the TSDB's")
+    keep_data: bool = Field(default=True, description="destroy keeps the TSDB volume")
+    memory_mib: int = Field(default=1024, ge=256, le=16384, alias="memoryMiB", description="Prometheus's container")
+    alertmanager_memory_mib: int = Field(default=128, ge=64, le=4096, alias="alertmanagerMemoryMiB")
+
+
+class MonitoringConfig(_Strict):
+    image: ImageRef = Field(default=MONITORING_IMAGE, description="built on the nodes from programs/monitoring/Dockerfile")
+    node_exporter: NodeExporterConfig = Field(default_factory=NodeExporterConfig)
+    server: MonitoringServerConfig | None = Field(default=None, description="Prometheus and Alertmanager (off)")
+
+
 @dataclass(frozen=True)
 class GroupEntry:
     """One serving group: a name (None for a stack without `groups`) and its full config."""
@@ -445,6 +483,7 @@ class StackConfig:
     groups: tuple[GroupEntry, ...]
     router: RouterConfig | None = None
     gateway: GatewayConfig | None = None
+    monitoring: MonitoringConfig = MonitoringConfig()
 
     @property
     def single(self) -> ClusterConfig | None:
@@ -527,11 +566,17 @@ def _merge(base: dict, override: dict) -> dict:
 def parse_stack(raw: Any) -> StackConfig:
     """Validate `deepseek-spark:cluster` with optional `groups` and `router`; every problem in one
     message, each naming its field. Without `groups` the value is one group, exactly as before."""
-    if not isinstance(raw, dict) or not {"groups", "router", "gateway"} & set(raw):
+    if not isinstance(raw, dict) or not {"groups", "router", "gateway", "monitoring"} & set(raw):
         return StackConfig((GroupEntry(None, parse_cluster(raw)),))
-    base = {k: v for k, v in raw.items() if k not in ("groups", "router", "gateway")}
+    base = {k: v for k, v in raw.items() if k not in ("groups", "router", "gateway", "monitoring")}
     problems: list[str] = []
     router = gateway = None
+    monitoring = MonitoringConfig()
+    if raw.get("monitoring") is not None:
+        try:
+            monitoring = MonitoringConfig.model_validate(raw["monitoring"])
+        except ValidationError as exc:
+            problems += _errors(exc, "cluster.monitoring")
     if raw.get("router") is not None:
         try:
             router = RouterConfig.model_validate(raw["router"])
@@ -585,7 +630,7 @@ def parse_stack(raw: Any) -> StackConfig:
         problems.append(f"cluster.groups: the name {dup!r} is used twice; every group needs its own name")
     if problems:
         raise ConfigError("invalid stack config:\n  " + "\n  ".join(problems))
-    return StackConfig(tuple(entries), router, gateway)
+    return StackConfig(tuple(entries), router, gateway, monitoring)
 
 
 @dataclass(frozen=True)
@@ -600,6 +645,7 @@ class Settings:
     host_keys: tuple[tuple[str | None, ...], ...] = ()  # per group, per node: pinned for remote commands
     warnings: tuple[str, ...] = ()  # about where Pulumi runs (not the config): shown at preview
     member_keys: Any = None  # {member: pulumi.Output[str] (secret)} from `memberKeys`; others are generated
+    alert_webhook: Any = None  # pulumi.Output[str] (secret) from `alertWebhook`, or None
 
 
 def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]]:
@@ -717,7 +763,8 @@ def load() -> Settings:
         raise ConfigError(f"{PROJECT}:{API_KEY} is stored in plain text in the stack file. Run:\n  {set_key}")
 
     optional = {}
-    for name, example in ((SSH_KEY, "< ~/.ssh/id_ed25519"), (HF_TOKEN, '"$HF_TOKEN"')):
+    for name, example in ((SSH_KEY, "< ~/.ssh/id_ed25519"), (HF_TOKEN, '"$HF_TOKEN"'),
+                          (ALERT_WEBHOOK, '"https://hooks.slack.com/services/..."')):
         value = pulumi.runtime.get_config(f"{PROJECT}:{name}")
         if value is not None and not pulumi.runtime.is_config_secret(f"{PROJECT}:{name}"):
             raise ConfigError(
@@ -743,6 +790,7 @@ def load() -> Settings:
         host_keys=tuple(keys),
         warnings=tuple(w for w in [control_path_warning(stack_config)] if w),
         member_keys=member_keys,
+        alert_webhook=optional[ALERT_WEBHOOK],
     )
 
 

@@ -45,7 +45,7 @@ def parse_for(value: str) -> float:
 
 
 def plan_of(stack: Stack) -> Optional[guard_plan.GuardPlan]:
-    return stackplan.build(stack.cfg, stack.plan_name, routed=stack.routed).guard
+    return stack.group_plan().guard
 
 
 def _sudo(stack: Stack, node: Node) -> str:

@@ -127,7 +127,7 @@ class Stack:
         (which `plan` reports) is planned as the group alone."""
         sc = self.config
         if sc is None or rules.check_stack(sc, self.short)[0]:
-            return stackplan.build(self.cfg, self.plan_name, routed=self.routed)
+            return stackplan.build(self.cfg, self.plan_name)
         return next(g for g in stackplan.build_stack(sc, self.short).groups if g.stack == self.plan_name)
 
     def planned_revision(self) -> str:

@@ -103,6 +103,12 @@ def _nodes(sc: StackConfig) -> set[str]:
     return {n.name for e in sc.groups for n in e.cfg.nodes}
 
 
+def _order(sc: StackConfig):
+    """Nodes in the stack's order (group by group, rank by rank)."""
+    order = [n.name for e in sc.groups for n in e.cfg.nodes]
+    return order.index
+
+
 def side_containers(sc: StackConfig, stack: str) -> list[Placed]:
     """Every container the stack places on a node besides the ranks, with its limit. A container placed
     on an unknown node (the rules name it) or where Pulumi runs (router.node: local) is in no budget."""
@@ -118,6 +124,17 @@ def side_containers(sc: StackConfig, stack: str) -> list[Placed]:
             out.append(Placed(where, gateway.container_name(stack), "gateway", gw.memory_mib, field="gateway.memoryMiB"))
             out.append(Placed(where, gateway.database_name(stack), "gateway-db", gw.database_memory_mib,
                               field="gateway.databaseMemoryMiB"))  # fmt: skip
+    mc = sc.monitoring
+    if mc.node_exporter.enabled:  # every node of every group (planning/prometheus.py)
+        out += [Placed(n, f"{stack}-node-exporter", "node-exporter", mc.node_exporter.memory_mib,
+                       field="monitoring.nodeExporter.memoryMiB") for n in sorted(nodes, key=_order(sc))]  # fmt: skip
+    if mc.server is not None:
+        where = mc.server.node or (r.node if r and r.node != LOCAL else sc.groups[0].cfg.nodes[0].name)
+        if where in nodes:
+            out.append(Placed(where, f"{stack}-prometheus", "prometheus", mc.server.memory_mib,
+                              field="monitoring.server.memoryMiB"))  # fmt: skip
+            out.append(Placed(where, f"{stack}-alertmanager", "alertmanager", mc.server.alertmanager_memory_mib,
+                              field="monitoring.server.alertmanagerMemoryMiB"))  # fmt: skip
     # ---- A NEW KIND OF CONTAINER THE STACK PLACES GOES HERE: one Placed per node it runs on, with the limit its
     # plan gives the container (the same figure, not a copy of it) and the config field that sets it. (A kind every
     # group has on each of its nodes, like the guard, goes in own_containers.)

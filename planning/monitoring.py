@@ -18,10 +18,12 @@ versions that guard /metrics with it need `authorization: {credentials_file: ...
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from programs.membership import GAUGES
-from .stackplan import ClusterPlan, StackPlan
+
+if TYPE_CHECKING:  # types only: the stack plan imports this module
+    from .stackplan import ClusterPlan, StackPlan
 
 # The series the dashboard (dspark/dashboard.py) and the alert rules (alerts.py) read, by exporter: what every
 # target of that role (or engine) serves. tests/unit/test_dashboard.py and test_alert_rules.py check every query
@@ -81,6 +83,12 @@ def scrape_configs(cp: ClusterPlan) -> list[dict[str, Any]]:
         # The guards' own series carry stack, group and node already (honor_labels keeps them as they are).
         configs.append({"job_name": f"{cp.stack}-guard", "metrics_path": "/metrics", "honor_labels": True,
                         "static_configs": guards})  # fmt: skip
+    exporters = cp.monitoring.exporters if cp.monitoring is not None else ()
+    if exporters:
+        # one target per node, labelled with it: the memory alerts and panels name the node
+        configs.append({"job_name": f"{cp.stack}-node", "metrics_path": "/metrics", "static_configs": [
+            {"targets": [e.target], "labels": {"stack": cp.stack, "node": e.node.name, "role": "node"}}
+            for e in exporters]})  # fmt: skip
     if cp.gateway is not None:
         # LiteLLM guards /metrics with a key: the gateway's metrics key (output gateway.metrics_key), which
         # may read /metrics and nothing else; write it to this file where Prometheus runs.

@@ -427,9 +427,9 @@ def rank_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     return dict(sorted(env.items()))
 
 
-def sglang_args(cfg: ClusterConfig, rank: int, metrics: bool = False) -> list[str]:
-    """`metrics`: serve Prometheus /metrics (a group behind the router: its drain reads the running
-    and queued request gauges there before the group restarts)."""
+def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
+    """Every rank serves Prometheus /metrics (--enable-metrics): the stack's Prometheus scrapes the leader,
+    and a router's drain reads its running and queued request gauges before the group restarts."""
     s = cfg.serving
     args = [
         "--model-path", MODEL_MOUNT,
@@ -457,7 +457,7 @@ def sglang_args(cfg: ClusterConfig, rank: int, metrics: bool = False) -> list[st
     ]  # fmt: skip
     if s.spec_algo != "off":
         args += ["--speculative-algorithm", s.spec_algo, "--speculative-dspark-block-size", str(s.dspark_block_size)]
-    if metrics and "--enable-metrics" not in s.extra_args:
+    if "--enable-metrics" not in s.extra_args:
         args.append("--enable-metrics")
     return args + list(s.extra_args)
 
@@ -609,7 +609,7 @@ def rank_memory_mib(cfg: ClusterConfig, rank: int, others_mib: int = 0) -> int:
     return min(int(want * 1024), node_budget_mib(cfg) - guard_memory_mib(cfg) - others_mib)
 
 
-def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False, limits: list[int] | None = None) -> list[RankSpec]:
+def rank_specs(cfg: ClusterConfig, stack: str, limits: list[int] | None = None) -> list[RankSpec]:
     """`limits`: each rank's memory limit from the stack's budget (planning/budget.py); default: the group
     alone on its nodes."""
     specs = []
@@ -628,7 +628,7 @@ def rank_specs(cfg: ClusterConfig, stack: str, metrics: bool = False, limits: li
                 container_name=container_name(stack, rank),
                 image=cfg.image,
                 entrypoint=["/bin/sh", "-c", launch_wrapper(), "sglang-launch"],
-                args=sglang_args(cfg, rank, metrics),
+                args=sglang_args(cfg, rank),
                 env=rank_env(cfg, rank),
                 mounts=mounts,
                 checkpoint=volume_options(cfg, rank),
@@ -758,9 +758,9 @@ def rank_checks(cfg: ClusterConfig, spec: RankSpec) -> list[tuple[str, list[str]
     return checks
 
 
-def group_specs(cfg: ClusterConfig, stack: str, metrics: bool = False, limits: list[int] | None = None) -> list[RankSpec]:
-    """`metrics`: the group is behind the router (vLLM serves /metrics anyway); `limits`: as rank_specs."""
-    return vllm_specs(cfg, stack, limits) if cfg.engine == "vllm" else rank_specs(cfg, stack, metrics, limits)
+def group_specs(cfg: ClusterConfig, stack: str, limits: list[int] | None = None) -> list[RankSpec]:
+    """`limits`: as rank_specs. Both engines serve /metrics (vLLM always; SGLang with --enable-metrics)."""
+    return vllm_specs(cfg, stack, limits) if cfg.engine == "vllm" else rank_specs(cfg, stack, limits)
 
 
 def _ignore_regex(pattern: str) -> re.Pattern[str]:

@@ -785,5 +785,6 @@ def check_stack(sc: StackConfig, stack: str = "") -> tuple[list[Finding], list[F
 
 
 # Rules kept in modules of their own (each registers itself with rule/stack_rule when imported): the memory
-# budget of every node (budget_rules.py) and the data-plane addresses (link_rules.py).
-from . import budget_rules, link_rules  # noqa: E402,F401
+# budget of every node (budget_rules.py), the data-plane addresses (link_rules.py) and the monitoring's node
+# and ports (monitoring_rules.py).
+from . import budget_rules, link_rules, monitoring_rules  # noqa: E402,F401

@@ -14,7 +14,9 @@ from typing import Optional
 
 from . import budget, commands, fabric, plan, routing
 from . import gateway as gateway_plan
+from . import alerts, monitoring
 from . import guard as guard_plan
+from . import prometheus
 from .budget import NodeBudget
 from .gateway import GatewayPlan
 from .guard import GuardPlan
@@ -198,6 +200,7 @@ class ClusterPlan:
     router: Optional[RouterPlan]
     members: tuple[Optional[MemberPlan], ...]  # per group; None without a router
     gateway: Optional[GatewayPlan] = None  # the team gateway in front of it all (gateway.members' keys)
+    monitoring: Optional["prometheus.MonitoringPlan"] = None  # node exporters, and Prometheus + Alertmanager
 
     @property
     def upstream(self) -> str:
@@ -252,16 +255,15 @@ def restart_hint(name: str, group: Optional[str]) -> str:
 
 def build(
     cfg: ClusterConfig, stack: str, host_keys: tuple[Optional[str], ...] = (), group: Optional[str] = None,
-    routed: bool = False, budgets: tuple[NodeBudget, ...] = (),
+    budgets: tuple[NodeBudget, ...] = (),
 ) -> StackPlan:
     """The whole plan of one group from its validated config (and the host keys config.load found).
-    `stack` is the name its resources carry (the stack's, or `<stack>-<group>`); `routed`: behind the
-    router (SGLang then serves /metrics, which the drain reads); `budgets`: its nodes' memory budgets in the
+    `stack` is the name its resources carry (the stack's, or `<stack>-<group>`); `budgets`: its nodes' memory budgets in the
     stack (budget.node_budgets: the router and the gateway on its nodes), default: the group alone there.
     Each rank's limit and its memory gate's need are the budget's."""
     budgets = budgets or budget.group_budgets(cfg, stack)
     ranks = [b.rank for b in budgets]
-    specs = tuple(plan.group_specs(cfg, stack, metrics=routed, limits=[r.limit_mib for r in ranks]))
+    specs = tuple(plan.group_specs(cfg, stack, limits=[r.limit_mib for r in ranks]))
     memory = plan.memory_plan(cfg)
     revision = plan.group_revision(list(specs), plan.image_build_digest(cfg))
     ssh_opts = tuple(commands.ssh_opts(cfg))
@@ -336,16 +338,15 @@ def build(
 
 def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str], ...], ...] = ()) -> ClusterPlan:
     """The plan of every group of the stack and of its router (rules.check_stack passed)."""
-    routed = sc.router is not None
     budgets = budget.node_budgets(sc, stack)  # before the groups: each rank's limit is what its node's budget leaves
     groups = tuple(
-        build(e.cfg, e.plan_name(stack), host_keys[i] if i < len(host_keys) else (), e.name, routed,
+        build(e.cfg, e.plan_name(stack), host_keys[i] if i < len(host_keys) else (), e.name,
               tuple(b for b in budgets if b.group == i))
         for i, e in enumerate(sc.groups)
     )
     if sc.router is None:
         cp = ClusterPlan(stack, groups, None, tuple(None for _ in groups))
-        return replace(cp, gateway=_gateway(sc, stack, cp))
+        return _monitoring(sc, stack, replace(cp, gateway=_gateway(sc, stack, cp)))
     r = sc.router
     workers = [routing.worker_url(e.cfg.nodes[0].host, e.cfg.serving.port) for e in sc.groups]
     if r.node == LOCAL:  # where Pulumi runs: its docker engine, a key file in its user's state dir
@@ -389,7 +390,22 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
                                                      tuple(b.rank.need_mib for b in g.budgets)))
                    for g, e, w in zip(groups, sc.groups, workers))  # fmt: skip
     cp = ClusterPlan(stack, groups, router, members)
-    return replace(cp, gateway=_gateway(sc, stack, cp))
+    return _monitoring(sc, stack, replace(cp, gateway=_gateway(sc, stack, cp)))
+
+
+def _monitoring(sc: StackConfig, stack: str, cp: ClusterPlan) -> ClusterPlan:
+    """The stack's node exporters, then (monitoring.server) Prometheus over the stack's scrape configs, which
+    include them, with the stack's alert rules, and Alertmanager."""
+    cp = replace(cp, monitoring=prometheus.exporters_only(sc, stack, cp))
+    if sc.monitoring.server is None:
+        return cp
+    node = prometheus.server_node(sc, cp)
+    gi = next(i for i, g in enumerate(cp.groups) if node in g.nodes)
+    cfg = sc.groups[gi].cfg
+    rules = alerts.render(alerts.rule_groups(cp), stack)
+    server = prometheus.server(sc, stack, node, monitoring.scrape_configs(cp), rules,
+                               plan.state_dir(cfg, node.ssh_user), commands.key_sudo(cfg, node.ssh_user))
+    return replace(cp, monitoring=replace(cp.monitoring, server=server))
 
 
 def _gateway(sc: StackConfig, stack: str, cp: ClusterPlan) -> Optional[GatewayPlan]:

@@ -186,6 +186,17 @@ ADAPTATIONS: list[Adaptation] = [
                "CMD as the Dockerfile's",
                "no registry is reachable: debian:bookworm-slim cannot be pulled; the test machine is not aarch64",
                "sim/images.py, sim/cluster.py"),
+    Adaptation("the monitoring image deepseek-spark-monitoring:bookworm (REAL Prometheus 2.42, Alertmanager 0.25 and "
+               "node exporter 1.5, Debian bookworm's packages) is built by the sim on a debootstrap minbase and loaded "
+               "into each node's engine at create, labelled with programs/monitoring/Dockerfile's digest as the "
+               "program's build on a node labels it: the program's build step finds it current and builds nothing, so "
+               "its `docker build` from the Dockerfile on stdin (debian:bookworm-slim, apt) never runs in the sim",
+               "no registry is reachable: debian:bookworm-slim cannot be pulled; the test machine is not aarch64",
+               "sim/images.py, planning/prometheus.py"),
+    Adaptation("the node exporter on a sim node reads the node's /proc/meminfo (the memory model, through the node's "
+               "/ mounted at /host) but every other collector reads the test machine's shared kernel (CPU, disks, "
+               "network); Alertmanager's webhook is a receiver on the test machine (the e2e's alertWebhook)",
+               "a sim node is a container sharing the test machine's kernel", "sim/meminfo.py, tests/e2e/observing.py"),
     Adaptation("the router in front of sim-x2's groups is the REAL sglang-router 0.3.2 (PyPI wheel), started from "
                "the engine test-double image (the groups' image) instead of the SGLang image; the groups it routes "
                "to and drains are test doubles (their /metrics: the subset of the real families above)",

@@ -232,7 +232,7 @@ class ClusterInfo:
     ssh: SshInfo
     node_image: str = ""
     engine_image: str = images.ENGINE_IMAGE
-    gateway_image: str = images.GATEWAY_IMAGE
+    packaged_images: tuple[str, ...] = tuple(i.name for i in images.PACKAGED)
     timings: dict = field(default_factory=dict)
     rail_networks: list[str] = field(default_factory=list)
     rail_subnets: list[str] = field(default_factory=list)
@@ -246,8 +246,7 @@ class ClusterInfo:
         lines += [f"  ssh key      {self.ssh.private_key}", f"  known_hosts  {self.ssh.known_hosts}",
                   f"  ssh config   {self.ssh.ssh_config}   (ssh -F {self.ssh.ssh_config} spark1)",
                   f"  engine image {', '.join(images.ENGINE_IMAGES)} (one TEST DOUBLE image) loaded on every node",
-                  f"  gateway image {images.GATEWAY_IMAGE} (REAL LiteLLM + PostgreSQL 15, registry packages) "
-                  "loaded on every node"]
+                  f"  packaged images {', '.join(self.packaged_images)} (REAL registry packages) loaded on every node"]
         if self.timings:
             lines.append("  timings      " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()))
         return "\n".join(lines)
@@ -257,7 +256,7 @@ class ClusterInfo:
              "rail_networks": list(self.rail_networks), "rail_subnets": list(self.rail_subnets),
              "nodes": [asdict(n) for n in self.nodes], "node_image": self.node_image,
              "engine_image": self.engine_image, "engine_images": list(images.ENGINE_IMAGES),
-             "gateway_image": self.gateway_image, "timings": self.timings}
+             "packaged_images": list(self.packaged_images), "timings": self.timings}
         d["ssh"] = self.ssh.to_json()
         return d
 
@@ -364,7 +363,7 @@ RESET_INNER = (
 )
 
 
-NODE_IMAGES = (*images.ENGINE_IMAGES, images.GATEWAY_IMAGE)  # every image name a fresh node holds
+NODE_IMAGES = (*images.ENGINE_IMAGES, *(i.name for i in images.PACKAGED))  # every image name a fresh node holds
 
 
 def _reset_inner(n: NodeInfo) -> None:
@@ -490,9 +489,23 @@ def _load_engine_image(n: NodeInfo, tar: Path, want_id: str) -> str:
     return _load_image(n, images.ENGINE_IMAGES, tar, want_id)
 
 
-def _load_gateway_image(n: NodeInfo, tar: Path, want_id: str) -> str:
-    """Load the gateway image (``images.GATEWAY_IMAGE``) unless it is current."""
-    return _load_image(n, (images.GATEWAY_IMAGE,), tar, want_id)
+def _packaged_tars(log) -> list[tuple[images.PackagedImage, Path, str]]:
+    """Every packaged image built (or cached), with its tar and image ID."""
+    out = []
+    for img in images.PACKAGED:
+        images.ensure_packaged(img, log)
+        out.append((img, images.packaged_tar(img, log), backend.image_id(img.name)))
+    return out
+
+
+def _load_packaged(nodes: list[NodeInfo], tars: list[tuple[images.PackagedImage, Path, str]], timings: dict,
+                   log) -> None:
+    """Load each packaged image on every node unless it is current there."""
+    for img, tar, want_id in tars:
+        t = time.monotonic()
+        res = _parallel(lambda n: _load_image(n, (img.name,), tar, want_id), nodes)
+        timings[f"{img.rootfs.kind}_image_load"] = time.monotonic() - t
+        log(f"  {img.name}: " + ", ".join(f"{n.name} {r}" for n, r in zip(nodes, res)))
 
 
 def _ssh_check(cfg: Path, n: NodeInfo, cmd: str = "true", timeout: float = 20) -> subprocess.CompletedProcess:
@@ -584,17 +597,12 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
         images.ensure_engine_image(log)
         tar = images.engine_image_tar(log)
         want_id = backend.image_id(images.ENGINE_IMAGE)
-        images.ensure_gateway_image(log)
-        gw_tar = images.gateway_image_tar(log)
-        gw_id = backend.image_id(images.GATEWAY_IMAGE)
+        packaged = _packaged_tars(log)
         t2 = time.monotonic()
         res = _parallel(lambda n: (_wait_node(n, timeout), _load_engine_image(n, tar, want_id))[1], existing)
         timings["engine_image_load"] = time.monotonic() - t2
         log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(existing, res)))
-        t2 = time.monotonic()
-        res = _parallel(lambda n: _load_gateway_image(n, gw_tar, gw_id), existing)
-        timings["gateway_image_load"] = time.monotonic() - t2
-        log(f"  {images.GATEWAY_IMAGE}: " + ", ".join(f"{n.name} {r}" for n, r in zip(existing, res)))
+        _load_packaged(existing, packaged, timings, log)
         timings["total"] = time.monotonic() - t0
         return ClusterInfo(name, p.network, p.subnet, existing, sshi, images.node_image_tag(), timings=timings,
                            rail_networks=p.rail_networks, rail_subnets=p.rail_subnets)
@@ -603,9 +611,7 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
     images.ensure_engine_image(log)
     tar = images.engine_image_tar(log)
     want_id = backend.image_id(images.ENGINE_IMAGE)
-    images.ensure_gateway_image(log)
-    gw_tar = images.gateway_image_tar(log)
-    gw_id = backend.image_id(images.GATEWAY_IMAGE)
+    packaged = _packaged_tars(log)
     timings["images"] = time.monotonic() - t0
     try:
         key = _ensure_key(name)
@@ -623,10 +629,7 @@ def _create(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = No
         res = _parallel(lambda n: _load_engine_image(n, tar, want_id), p.nodes)
         timings["engine_image_load"] = time.monotonic() - t2
         log(f"  {', '.join(images.ENGINE_IMAGES)}: " + ", ".join(f"{n.name} {r}" for n, r in zip(p.nodes, res)))
-        t2 = time.monotonic()
-        res = _parallel(lambda n: _load_gateway_image(n, gw_tar, gw_id), p.nodes)
-        timings["gateway_image_load"] = time.monotonic() - t2
-        log(f"  {images.GATEWAY_IMAGE}: " + ", ".join(f"{n.name} {r}" for n, r in zip(p.nodes, res)))
+        _load_packaged(p.nodes, packaged, timings, log)
         t3 = time.monotonic()
         sshi = _finish(name, p.nodes, log)
         timings["ssh"] = time.monotonic() - t3
@@ -775,15 +778,16 @@ def status(name: str = DEFAULT_CLUSTER) -> dict:
         st = (backend.inspect(n.container) or {}).get("State", {})
         d = {"node": n.name, "ip": n.ip, "rail_a": n.rail_a, "rail_b": n.rail_b, "container": n.container,
              "state": st.get("Status", "missing"), "ssh": False, "docker": False, "engine_image": False,
-             "gateway_image": False, "fabric": None}
+             "packaged_images": False, "fabric": None}
         if st.get("Running"):
             d["ssh"] = cfg.exists() and _ssh_check(cfg, n, timeout=15).returncode == 0
             d["docker"] = backend.exec_in(n.container, "docker", "info", "--format", "{{.ServerVersion}}",
                                           timeout=30).returncode == 0
             d["engine_image"] = d["docker"] and backend.exec_in(
                 n.container, "docker", "image", "inspect", *images.ENGINE_IMAGES, timeout=30).returncode == 0
-            d["gateway_image"] = d["docker"] and backend.exec_in(
-                n.container, "docker", "image", "inspect", images.GATEWAY_IMAGE, timeout=30).returncode == 0
+            d["packaged_images"] = d["docker"] and backend.exec_in(
+                n.container, "docker", "image", "inspect", *NODE_IMAGES[len(images.ENGINE_IMAGES):],
+                timeout=30).returncode == 0
             try:
                 m = _read_model(n)
                 d["fabric"] = {r["hca"]: f"{r['state']} {r['speed_mbps'] // 1000}G mtu {r['mtu']}" for r in m["rails"]}
@@ -793,7 +797,7 @@ def status(name: str = DEFAULT_CLUSTER) -> dict:
 
     rows = _parallel(one, nodes) if nodes else []
     healthy = bool(rows) and all(r["state"] == "running" and r["ssh"] and r["docker"] and r["engine_image"]
-                                 and r["gateway_image"]
+                                 and r["packaged_images"]
                                  for r in rows)
     return {"cluster": name, "exists": bool(nodes), "healthy": healthy, "nodes": rows}
 
@@ -804,13 +808,12 @@ def format_status(st: dict) -> str:
     yn = lambda b: "ok" if b else "NO"  # noqa: E731
     lines = [f"cluster {st['cluster']!r}: {'healthy' if st['healthy'] else 'NOT healthy'}",
              f"  {'node':8s} {'ip':15s} {'rail a':15s} {'rail b':15s} {'container':10s} {'ssh':4s} {'docker':6s} "
-             f"{' + '.join(images.ENGINE_IMAGES)}  {images.GATEWAY_IMAGE}  fabric"]
-    gw = len(images.GATEWAY_IMAGE)
+             f"{' + '.join(images.ENGINE_IMAGES)}  {'gateway + monitoring':20s}  fabric"]
     for r in st["nodes"]:
         links = ", ".join(f"{k} {v}" for k, v in (r.get("fabric") or {}).items()) or "-"
         lines.append(f"  {r['node']:8s} {r['ip']:15s} {r.get('rail_a', ''):15s} {r.get('rail_b', ''):15s} "
                      f"{r['state']:10s} {yn(r['ssh']):4s} {yn(r['docker']):6s} {yn(r['engine_image']):<41s}  "
-                     f"{yn(r.get('gateway_image')):<{gw}s}  {links}")
+                     f"{yn(r.get('packaged_images')):<20s}  {links}")
     return "\n".join(lines)
 
 

@@ -9,10 +9,12 @@
   TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve``) plus REAL Ray and the REAL SGLang
   router (PyPI wheels, ``RAY_WHEELS`` + ``ROUTER_WHEELS``, installed into the rootfs at build time) and is tagged
   ``sglang-sim:test-double`` and ``vllm-sim:test-double`` (one image ID, ``ENGINE_IMAGES``).
-* the team gateway image ``deepseek-spark-gateway:litellm-1.110.2`` (``GATEWAY_IMAGE``, also tagged
-  ``deepseek-spark-gateway:sim-<hash>``) is NOT a test double: REAL LiteLLM (proxy) and REAL PostgreSQL 15,
-  registry packages only (Debian's ``postgresql-15``, the PyPI pins of ``programs/gateway/requirements.txt``,
-  which real nodes build with ``programs/gateway/Dockerfile``); no code of ours is in it.
+* the packaged images (``PACKAGED``), each also tagged ``<repo>:sim-<hash>``, are NOT test doubles: registry
+  packages only, no code of ours, what real nodes build from ``programs/<kind>/Dockerfile``:
+  - the team gateway ``deepseek-spark-gateway:litellm-1.110.2`` (``GATEWAY_IMAGE``): REAL LiteLLM (proxy, the
+    PyPI pins of ``programs/gateway/requirements.txt``) and REAL PostgreSQL 15 (Debian's ``postgresql-15``);
+  - the monitoring ``deepseek-spark-monitoring:bookworm`` (``MONITORING_IMAGE``): REAL Prometheus, Alertmanager
+    and node exporter (Debian's ``prometheus``, ``prometheus-alertmanager``, ``prometheus-node-exporter``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from planning import prometheus
 
 from . import backend
 from .testdouble import engram
@@ -188,6 +192,10 @@ def read_requirements(path: Path) -> tuple[str, ...]:
 GATEWAY_ROOTFS = RootfsSpec("gateway", ("python3", "postgresql-15", "ca-certificates"),
                             wheels=read_requirements(GATEWAY_REQUIREMENTS), wheel_platform=GATEWAY_WHEEL_PLATFORM,
                             remove=("etc/postgresql/15", "var/lib/postgresql/15"))
+MONITORING_IMAGE = "deepseek-spark-monitoring:bookworm"  # declared.config.MONITORING_IMAGE
+MONITORING_ROOTFS = RootfsSpec("monitoring", ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter",
+                                              "ca-certificates"))
+ROOTFS = (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS)
 
 
 @dataclass
@@ -303,19 +311,49 @@ def engine_overlay(rootfs_key: str) -> Overlay:
     return ov
 
 
-def gateway_overlay() -> Overlay:
-    """No files (registry packages only): the image config programs/gateway/Dockerfile sets."""
-    ov = Overlay()
-    ov.changes = [
-        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "ENV LITELLM_LOCAL_MODEL_COST_MAP=True",
-        "ENV PYTHONUNBUFFERED=1",
-        'CMD ["/bin/sh"]',
-        "LABEL deepseek-spark.sim.image=gateway deepseek-spark.sim.test-double=false "
-        "deepseek-spark.sim.built-from=registry-packages-only deepseek-spark.gateway.litellm=1.110.2 "
-        "deepseek-spark.gateway.postgresql=15",
-    ]
-    return ov
+@dataclass(frozen=True)
+class PackagedImage:
+    """An image of registry packages only (its rootfs), under the one name nodes hold; ``changes``: the image
+    config its ``programs/<kind>/Dockerfile`` sets."""
+
+    name: str
+    rootfs: RootfsSpec
+    changes: tuple[str, ...]
+
+    @property
+    def repo(self) -> str:
+        return self.name.partition(":")[0]
+
+    def overlay(self) -> Overlay:
+        return Overlay(changes=list(self.changes))
+
+    def tag(self) -> str:
+        """Its content-hash tag (``<repo>:sim-<hash>``): a changed package set or config is a new image."""
+        return image_tag(self.repo, self.rootfs, self.overlay()).replace(":", ":sim-")
+
+    def tar_name(self, iid: str) -> str:
+        return f"{self.rootfs.kind}-{iid.split(':')[-1][:16]}.tar"
+
+
+_PACKAGES_ONLY = "deepseek-spark.sim.test-double=false deepseek-spark.sim.built-from=registry-packages-only"
+GATEWAY = PackagedImage(GATEWAY_IMAGE, GATEWAY_ROOTFS, (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LITELLM_LOCAL_MODEL_COST_MAP=True",
+    "ENV PYTHONUNBUFFERED=1",
+    'CMD ["/bin/sh"]',
+    f"LABEL deepseek-spark.sim.image=gateway {_PACKAGES_ONLY} deepseek-spark.gateway.litellm=1.110.2 "
+    "deepseek-spark.gateway.postgresql=15",
+))
+MONITORING = PackagedImage(MONITORING_IMAGE, MONITORING_ROOTFS, (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    'CMD ["/bin/sh"]',
+    f"LABEL deepseek-spark.sim.image=monitoring {_PACKAGES_ONLY} deepseek-spark.monitoring.prometheus=2.42 "
+    "deepseek-spark.monitoring.alertmanager=0.25 deepseek-spark.monitoring.node-exporter=1.5",
+    # what the program's build on a node labels its image with (planning/prometheus.image_build): the nodes hold
+    # this one already, so the program's build finds it current and builds nothing
+    f"LABEL {prometheus.BUILT_FROM}={prometheus.dockerfile_digest(prometheus.DOCKERFILE.read_text())}",
+))
+PACKAGED = (GATEWAY, MONITORING)  # every node holds each
 
 
 CLI_SCRIPT = '''#!/usr/bin/python3
@@ -340,10 +378,6 @@ def node_image_tag() -> str:
 
 def engine_image_tag() -> str:
     return image_tag("sglang-sim", ENGINE_ROOTFS, engine_overlay(ENGINE_ROOTFS.key())).replace(":", ":td-")
-
-
-def gateway_image_tag() -> str:
-    return image_tag("deepseek-spark-gateway", GATEWAY_ROOTFS, gateway_overlay()).replace(":", ":sim-")
 
 
 def checkpoint_tar() -> bytes:
@@ -486,26 +520,22 @@ def ensure_engine_image(log=print) -> str:
     return ENGINE_IMAGE
 
 
-def ensure_gateway_image(log=print) -> str:
-    """Build (or find) the gateway image (content-hash tag) and point ``GATEWAY_IMAGE`` at it."""
-    tag = gateway_image_tag()
+def ensure_packaged(img: PackagedImage, log=print) -> str:
+    """Build (or find) a packaged image (its content-hash tag) and point its name at it."""
+    tag = img.tag()
     if not backend.image_id(tag):
-        base = ensure_base(GATEWAY_ROOTFS, log)
-        commit_overlay(base, gateway_overlay(), [tag, GATEWAY_IMAGE])
-        log(f"image {tag} ({GATEWAY_IMAGE}): built")
+        base = ensure_base(img.rootfs, log)
+        commit_overlay(base, img.overlay(), [tag, img.name])
+        log(f"image {tag} ({img.name}): built")
     else:
-        if backend.image_id(GATEWAY_IMAGE) != backend.image_id(tag):
-            backend.docker("tag", tag, GATEWAY_IMAGE)
-        log(f"image {tag} ({GATEWAY_IMAGE}): cached")
-    return GATEWAY_IMAGE
+        if backend.image_id(img.name) != backend.image_id(tag):
+            backend.docker("tag", tag, img.name)
+        log(f"image {tag} ({img.name}): cached")
+    return img.name
 
 
 def engine_tar_name(iid: str) -> str:
     return f"engine-sim-{iid.split(':')[-1][:16]}.tar"
-
-
-def gateway_tar_name(iid: str) -> str:
-    return f"gateway-{iid.split(':')[-1][:16]}.tar"
 
 
 def _image_tar(names: tuple[str, ...], tar_name, log=print) -> Path:
@@ -531,52 +561,54 @@ def engine_image_tar(log=print) -> Path:
     return _image_tar(ENGINE_IMAGES, engine_tar_name, log)
 
 
-def gateway_image_tar(log=print) -> Path:
-    """``docker save`` of ``GATEWAY_IMAGE`` (its one name: nodes get no hash tag), cached by image ID."""
-    return _image_tar((GATEWAY_IMAGE,), gateway_tar_name, log)
+def packaged_tar(img: PackagedImage, log=print) -> Path:
+    """``docker save`` of a packaged image (its one name: nodes get no hash tag), cached by image ID."""
+    return _image_tar((img.name,), img.tar_name, log)
 
 
 def build_all(log=print) -> dict:
-    """Build (or find cached) the node, engine and gateway images; cold debootstraps run in parallel."""
+    """Build (or find cached) the node, engine and packaged images; cold debootstraps run in parallel."""
     from concurrent.futures import ThreadPoolExecutor
     t0 = time.monotonic()
-    with ThreadPoolExecutor(3) as ex:
-        futs = [ex.submit(build_rootfs, s, log) for s in (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS)
-                if not backend.image_id(f"dspark-sim-{s.kind}-base:{s.key()}")]
+    with ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(build_rootfs, s, log) for s in ROOTFS if not backend.image_id(f"dspark-sim-{s.kind}-base:{s.key()}")]
         for f in futs:
             f.result()
     node = ensure_node_image(log)
     engine = ensure_engine_image(log)
     engine_image_tar(log)
-    gateway = ensure_gateway_image(log)
-    gateway_image_tar(log)
+    out = {"node_image": node, "engine_image": engine, "engine_images": list(ENGINE_IMAGES),
+           "engine_image_id": backend.image_id(engine)}
+    for img in PACKAGED:
+        ensure_packaged(img, log)
+        packaged_tar(img, log)
+        out[f"{img.rootfs.kind}_image"] = img.name
+        out[f"{img.rootfs.kind}_image_id"] = backend.image_id(img.name)
     prune_stale(log)
-    return {"node_image": node, "engine_image": engine, "engine_images": list(ENGINE_IMAGES),
-            "engine_image_id": backend.image_id(engine), "gateway_image": gateway,
-            "gateway_image_id": backend.image_id(gateway), "seconds": round(time.monotonic() - t0, 1)}
+    return {**out, "seconds": round(time.monotonic() - t0, 1)}
 
 
 def prune_stale(log=print) -> list[str]:
     """Drop sim image tags and cached tarballs of older inputs (images in use are kept)."""
-    keep = {node_image_tag(), engine_image_tag(), *ENGINE_IMAGES, gateway_image_tag(), GATEWAY_IMAGE,
-            *(f"dspark-sim-{spec.kind}-base:{spec.key()}" for spec in (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS))}
+    keep = {node_image_tag(), engine_image_tag(), *ENGINE_IMAGES, *(i.tag() for i in PACKAGED),
+            *(i.name for i in PACKAGED), *(f"dspark-sim-{spec.kind}-base:{spec.key()}" for spec in ROOTFS)}
     r = backend.docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False)
     removed = []
     for ref in r.stdout.split():
         repo, _, tag = ref.partition(":")
-        ours = repo in ("dspark-sim-node", "dspark-sim-node-base", "dspark-sim-engine-base",
-                        "dspark-sim-gateway-base") or \
+        ours = repo in ("dspark-sim-node", *(f"dspark-sim-{spec.kind}-base" for spec in ROOTFS)) or \
             (repo == "sglang-sim" and tag.startswith("td-")) or \
-            (repo == "deepseek-spark-gateway" and tag.startswith("sim-"))
+            (repo in {i.repo for i in PACKAGED} and tag.startswith("sim-"))
         if ours and ref not in keep and backend.docker("rmi", ref, check=False).returncode == 0:
             removed.append(ref)
-    keep_files = {rootfs_path(spec).name for spec in (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS)}
+    keep_files = {rootfs_path(spec).name for spec in ROOTFS}
     iid = backend.image_id(ENGINE_IMAGE)
     if iid:
         keep_files.add(engine_tar_name(iid))
-    gid = backend.image_id(GATEWAY_IMAGE)
-    if gid:
-        keep_files.add(gateway_tar_name(gid))
+    for img in PACKAGED:
+        pid = backend.image_id(img.name)
+        if pid:
+            keep_files.add(img.tar_name(pid))
     for sub in ("rootfs", "images"):
         d = cache_dir() / sub
         for p in d.glob("*.tar") if d.is_dir() else []:

@@ -1,7 +1,4 @@
-"""The alert rules of the repository's stacks as files (planning/alerts.py), for promtool and the tests.
-
-Metrics are on for every engine group here, as they are by default (SGLang's --enable-metrics): a stack file that
-predates that default gets it in serving.extraArgs, so its rules are the ones the stack runs with."""
+"""The alert rules of the repository's stacks as files (planning/alerts.py), for promtool and the tests."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,10 +13,6 @@ STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.
 
 def plan_of(stack: str) -> stackplan.ClusterPlan:
     raw = with_known_hosts(cluster_of(stack))
-    if raw.get("engine", "sglang") == "sglang" and "router" not in raw:
-        serving = raw.setdefault("serving", {})
-        if "--enable-metrics" not in serving.get("extraArgs", []):
-            serving["extraArgs"] = [*serving.get("extraArgs", []), "--enable-metrics"]
     return stackplan.build_stack(config.parse_stack(raw), stack)
 
 

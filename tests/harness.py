@@ -217,6 +217,14 @@ def cluster_of(stack: str) -> dict:
     return copy.deepcopy(stack_file(stack)[f"{PROJECT}:cluster"])
 
 
+STACK_LEVEL = ("monitoring",)  # keys of a one-group stack's value that belong to the stack, not its group
+
+
+def group_of(stack: str) -> dict:
+    """A one-group stack's group config (what parse_cluster takes): its value without the stack's own keys."""
+    return {k: v for k, v in cluster_of(stack).items() if k not in STACK_LEVEL}
+
+
 _KNOWN_HOSTS_DIR = Path(tempfile.mkdtemp(prefix="dspark-known-hosts-"))
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.pulumi_cli import PulumiProject, engine_dir
-from e2e.timings import HEALS, TIMINGS
+from e2e.pulumi_cli import ROOT, PulumiProject, engine_dir
+from e2e.observing import AlertSink
+from e2e.timings import HEALS, SCRAPES, TIMINGS
 
 CLUSTER = "sim"  # Pulumi.sim.yaml and Pulumi.sim-tp2.yaml point at this cluster's ssh key and known_hosts
 
@@ -69,21 +70,39 @@ def sim(request):
             sim_cluster.delete(CLUSTER, log=lambda m: None)
 
 
+@pytest.fixture(scope="session")
+def alert_sink():
+    """Alertmanager's webhook, on this machine (the stacks with `monitoring.server` send their alerts here)."""
+    sink = AlertSink()
+    yield sink
+    sink.close()
+
+
+def has_monitoring_server(stack: str) -> bool:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())
+    return bool(((doc.get("config") or {}).get("deepseek-spark:cluster") or {}).get("monitoring", {}).get("server"))
+
+
 @pytest.fixture(scope="module")
-def project(sim, engine, tmp_path_factory, request):
+def project(sim, engine, tmp_path_factory, request, alert_sink):
     """The module's STACK as a user sets it up: stack init, a fresh API key and the sim's ssh key as
-    secret config, a local file backend, the passphrase secrets provider (or the previous module's)."""
+    secret config (and, with a monitoring server, the webhook as alertWebhook), a local file backend, the
+    passphrase secrets provider (or the previous module's)."""
     stack = request.module.STACK
     shared = _SHARED.pop("project", None)
     if shared is not None and shared.stack == stack and getattr(request.module, "USES_PREVIOUS_STACK", False):
         p = shared
     else:
         api_key = "sk-e2e-" + secrets.token_hex(20)
-        p = PulumiProject.create(
-            tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine,
-            secrets={"apiKey": api_key, "sshPrivateKey": Path(sim.private_key).read_text()},
-        )  # fmt: skip
-        p.api_key = api_key
+        given = {"apiKey": api_key, "sshPrivateKey": Path(sim.private_key).read_text()}
+        if has_monitoring_server(stack):  # the nodes reach this machine at their network's gateway
+            from sim import cluster as sim_cluster
+
+            given["alertWebhook"] = alert_sink.url(sim_cluster.plan(CLUSTER, len(sim.nodes)).gateway)
+        p = PulumiProject.create(tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine, secrets=given)
+        p.api_key, p.webhook = api_key, given.get("alertWebhook")
     yield p
     if getattr(request.module, "SHARE_WITH_NEXT", False):
         _SHARED["project"] = p
@@ -112,16 +131,31 @@ def node_sh(node: str, cmd: str, check: bool = True) -> str:
     return out.stdout
 
 
+MONITORING_ROLES = ("node-exporter", "prometheus", "alertmanager")  # the stack's monitoring (monitoring_of)
+
+
 def containers_of(stack: str, nodes=("spark1", "spark2", "spark3"), roles=None) -> dict[str, str]:
     """This stack's containers on the nodes whose role is one of `roles` (default: all but the guards, which share
-    one name on every node: guards_of): name -> id."""
+    one name on every node: guards_of, and the monitoring's: monitoring_of): name -> id."""
     out = {}
     for node in nodes:
         fmt = "'{{.Names}} {{.ID}} {{.Label \"deepseek-spark.role\"}}'"
         for line in node_sh(node, f"docker ps -a --filter label=deepseek-spark.stack={stack} --format {fmt}").splitlines():
             name, cid, role = (line.split() + [""])[:3]
-            if role in roles if roles else role != "guard":
+            if role in roles if roles else role not in ("guard", *MONITORING_ROLES):
                 out[name] = cid
+    return out
+
+
+def monitoring_of(stack: str, nodes=("spark1", "spark2", "spark3")) -> dict[str, str]:
+    """`<node>:<name>` -> ID of the stack's monitoring containers (the node exporters share one name)."""
+    out = {}
+    for node in nodes:
+        fmt = "'{{.Names}} {{.ID}} {{.Label \"deepseek-spark.role\"}}'"
+        for line in node_sh(node, f"docker ps -a --filter label=deepseek-spark.stack={stack} --format {fmt}").splitlines():
+            name, cid, role = (line.split() + [""])[:3]
+            if role in MONITORING_ROLES:
+                out[f"{node}:{name}"] = cid
     return out
 
 
@@ -239,6 +273,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("e2e timings (seconds)")
         for name, seconds in TIMINGS.items():
             terminalreporter.write_line(f"{name:45s} {seconds:8.1f}")
+    if SCRAPES:
+        terminalreporter.section("Prometheus: each target's last scrape (what it costs)")
+        terminalreporter.write_line(f"{'stack job target':55s} {'seconds':>8s} {'samples':>8s}")
+        for name, (seconds, samples) in SCRAPES.items():
+            terminalreporter.write_line(f"{name:55s} {seconds:8.4f} {samples:8.0f}")
     if HEALS:
         terminalreporter.section("self-healing: seconds after the fault (no command run)")
         cols = ("detected", "restarted", "serving", "answering")

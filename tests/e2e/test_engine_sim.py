@@ -26,8 +26,10 @@ from e2e.conftest import (
     resources_summary, shard_mtimes,
 )  # fmt: skip
 from declared import config
+from dspark import dashboard
+from e2e import observing
 from e2e.timings import TIMINGS
-from planning import plan
+from planning import plan, stackplan
 from programs import bootlog
 from sim import cluster as sim_cluster
 from sim import grpctrace
@@ -127,6 +129,49 @@ def test_second_up_changes_nothing(first, project):
     assert containers_of(STACK) == before_ranks and shard_mtimes() == before_shards
 
 
+def test_prometheus_scrapes_every_target_and_every_panel_reads_data(first, project):
+    """monitoring.server: the REAL Prometheus (Debian's) scrapes exactly the `prometheus` output's targets, each
+    `up == 1` through its HTTP API, and every query of the stack's dashboard returns series from it."""
+    outputs = project.outputs()
+    prom = outputs["monitoring"]["prometheus"]
+    client, model = openai_client(first.env)
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Who are you?"}],
+                                            max_tokens=16, stream=True)  # a streamed answer of several tokens: the
+    assert "test double" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)  # gaps between
+    t0 = time.monotonic()
+    up = observing.wait_every_target_up(prom, outputs)
+    TIMINGS["sim: every Prometheus target up, after the no-op up"] = time.monotonic() - t0
+    assert sorted((s["metric"]["role"], s["metric"]["instance"]) for s in up) == sorted(
+        [("engine", "172.30.99.11:8888")] + [(role, f"172.30.99.1{i}:{port}") for i in (1, 2, 3)
+                                             for role, port in (("guard", 9850), ("node", 9100))])  # fmt: skip
+    observing.record_scrape_costs(prom, STACK)
+    observing.wait_panels(prom, dashboard.dashboard(outputs["prometheus"]["scrape_configs"], STACK))
+    total = {s["metric"]["node"]: float(s["value"][1]) for s in observing.query(prom, "node_memory_MemTotal_bytes")}
+    assert total == {n: 124620 * 2**20 for n in NODES}, total  # each node's unified memory, not this machine's
+    rules = observing.api(prom, "rules")["groups"]
+    assert [r["name"] for g in rules for r in g["rules"]] == [
+        r["alert"] for g in outputs["alert_rules"]["groups"] for r in g["rules"]], "Prometheus runs the stack's rules"
+
+
+def test_a_rail_set_down_raises_the_fabric_alert_naming_node_and_rail_then_resolves(first, project, alert_sink):
+    t0 = time.time()
+    sim_cluster.set_rail(CLUSTER, "spark2", "roceP2p1s0f1", state="DOWN")
+    try:
+        hit = alert_sink.wait(lambda r: r.status == "firing" and r.labels.get("alertname") == "DsparkRailDown", t0,
+                              90, "rail-down alert")  # fmt: skip
+    finally:
+        sim_cluster.reset_fabric(CLUSTER)
+    TIMINGS["alert: a rail set down, to the webhook"] = hit.at - t0
+    assert (hit.labels["node"], hit.labels["rail"], hit.labels["hca"]) == ("spark2", "enP2p1s0f1np1", "roceP2p1s0f1")
+    summary = hit.annotations["summary"]
+    assert "rail enP2p1s0f1np1 (roceP2p1s0f1) of spark2 (rank 1) is down" in summary, summary
+    assert "python -m dspark doctor --stack sim" in summary
+    back = alert_sink.wait(lambda r: r.status == "resolved" and r.labels.get("alertname") == "DsparkRailDown",
+                           hit.at, 60, "its resolution")  # fmt: skip
+    TIMINGS["alert: the rail back, resolved at the webhook"] = back.at - hit.at
+    assert "42" in ask(first.env)  # the group served on one rail meanwhile
+
+
 def test_a_serving_change_takes_the_group_down_head_first_before_any_new_rank_starts(first, project):
     before_ranks, before_shards = containers_of(STACK), shard_mtimes()
     project.set_config("cluster.serving.maxRunningRequests", "3")
@@ -210,11 +255,13 @@ def test_rank_containers_carry_the_memory_plans_limit_and_the_oom_score(first, p
     limit on the node, and the rank's process is the kernel's first OOM choice."""
     text = project.cli("config", "get", "deepseek-spark:cluster", "--json").check().text
     doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
-    cfg = config.parse_cluster(doc.get("objectValue") or json.loads(doc["value"]))
+    sp = stackplan.build_stack(config.parse_stack(doc.get("objectValue") or json.loads(doc["value"])), STACK).groups[0]
     for rank, (name, node) in enumerate(zip(RANKS, NODES)):
         memory, swap, pid = node_sh(node, f"docker inspect -f '{{{{.HostConfig.Memory}}}} {{{{.HostConfig.MemorySwap}}}} "
                                           f"{{{{.State.Pid}}}}' {name}").split()
-        assert int(memory) == int(swap) == plan.rank_memory_mib(cfg, rank) * 1024 * 1024
+        # what its node's budget leaves it (the node exporter's, and on spark1 Prometheus's, limits counted)
+        assert int(memory) == int(swap) == sp.budgets[rank].rank.limit_mib * 1024 * 1024 == \
+            sp.group.specs[rank].memory_mib * 1024 * 1024
         assert node_sh(node, f"cat /proc/{pid}/oom_score_adj").strip() == str(plan.OOM_SCORE_ADJ)
 
 

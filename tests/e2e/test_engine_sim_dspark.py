@@ -16,7 +16,7 @@ import time
 import pytest
 
 from e2e.conftest import (
-    CLUSTER, container_events, containers_of, dspark, first_event, node_sh, shard_mtimes,
+    CLUSTER, container_events, containers_of, dspark, first_event, monitoring_of, node_sh, shard_mtimes,
 )  # fmt: skip
 from e2e.timings import TIMINGS
 
@@ -167,7 +167,9 @@ def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):
     shards = shard_mtimes()
     project.timed("sim: destroy", project.destroy()).check()
-    assert containers_of(STACK) == {}
+    assert containers_of(STACK) == {} and monitoring_of(STACK) == {}
+    assert "sim-prometheus" in node_sh("spark1", "docker volume ls --format '{{.Name}}'").split()  # keepData
+    node_sh("spark1", "docker volume rm sim-prometheus")  # the next scenario starts from a fresh node
     for node in NODES:
         volumes = node_sh(node, "docker volume ls --format '{{.Name}}'").split()
         assert "sim-checkpoint" not in volumes
@@ -184,10 +186,11 @@ def no_secret_in_what_the_scenario_showed(project) -> None:
     plugin streams them, as pulumi-command does): keys reach nodes on stdin and the probe through its
     environment only."""
     events = project.event_texts()
-    streamed = [json.loads(line) for text in events for line in text.splitlines() if '"ephemeral": true' in line]
+    streamed = [e for text in events for line in text.splitlines() if line.strip()
+                for e in [json.loads(line)] if (e.get("diagnosticEvent") or {}).get("ephemeral")]  # fmt: skip
     # the logs are not empty: the memory gates' and the probes' lines are there
     assert any("MiB available, plan needs" in json.dumps(e) for e in streamed), "no command output in the event log"
-    keys = [project.api_key, "sk-e2e-rotated-" + "5" * 24]
+    keys = [project.api_key, "sk-e2e-rotated-" + "5" * 24, *([project.webhook] if project.webhook else [])]
     for key in keys:
         for where, text in [*(("output", t) for t in project.transcript), *(("event log", t) for t in events)]:
             assert key not in text and key[7:23] not in text, f"an API key in the scenario's {where}"

@@ -6,7 +6,8 @@ missing and internal keys get 401 from the gateway, and a member's key gets 401 
 gateway adds to a request (printed) -> a member past their token budget, another past their rate limit, get
 429 -> bob is revoked by a config change whose preview replaces nothing,
 and gets 401 within moments of the database's revocation while alice keeps streaming -> usage per member
-on the gateway's /metrics -> a gateway restart keeps keys and usage (and `dspark status` shows them) -> a power cut
+on the gateway's /metrics -> the stack's Prometheus scrapes every target, carol's used budget raises the alert naming
+her -> a gateway restart keeps keys and usage (and `dspark status` shows them) -> a power cut
 of both nodes: everything back by itself, keys, revocation and usage intact -> no-op up -> destroy keeps the
 gateway's database volume.
 """
@@ -23,7 +24,9 @@ import urllib.request
 import openai
 import pytest
 
-from e2e.conftest import containers_of, node_sh, openai_client, resources_summary
+from dspark import dashboard
+from e2e import observing
+from e2e.conftest import containers_of, monitoring_of, node_sh, openai_client, resources_summary
 from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
@@ -187,6 +190,24 @@ def test_a_member_past_their_token_budget_or_rate_limit_gets_429_and_the_others_
     assert status_of(url, alice["OPENAI_API_KEY"]) == 200  # one member's limit is theirs alone
 
 
+def test_prometheus_scrapes_every_target_and_a_member_past_the_budget_raises_the_alert_naming_them(
+        first, project, alert_sink):  # fmt: skip
+    """The stack's REAL Prometheus reads the gateway with its metrics key and sees every target up; carol's budget,
+    used up above, reaches the webhook naming her; every dashboard panel reads data."""
+    _, outputs, _, _, _ = first
+    prom = outputs["monitoring"]["prometheus"]
+    t0 = time.time()
+    up = observing.wait_every_target_up(prom, outputs)
+    assert {s["metric"]["role"] for s in up} == {"engine", "guard", "gateway", "node"}
+    observing.record_scrape_costs(prom, STACK)
+    hit = alert_sink.wait(lambda r: r.status == "firing" and r.labels.get("alertname") == "DsparkMemberBudgetUsed"
+                          and r.labels.get("stack") == STACK, t0 - 600, 60, "member-budget alert")  # fmt: skip
+    assert hit.labels["member"] == "carol" and hit.labels["period"] == "day", hit.labels
+    assert "carol used their token budget for this day" in hit.annotations["summary"], hit.annotations
+    TIMINGS["alert: carol's budget used, to the webhook (after Prometheus is up)"] = max(0.0, hit.at - t0)
+    observing.wait_panels(prom, dashboard.dashboard(outputs["prometheus"]["scrape_configs"], STACK))
+
+
 def test_revoking_bob_replaces_nothing_and_his_key_fails_at_once_while_alice_streams(first, project):
     _, outputs, alice, bob, _ = first
     url = outputs["endpoint"]
@@ -313,6 +334,7 @@ def test_second_up_changes_nothing(first, project):
 
 def test_destroy_keeps_the_gateways_database(first, project):
     project.destroy().check()
-    assert containers_of(STACK, NODES) == {}
-    assert DB in node_sh("spark1", "docker volume ls --format '{{.Name}}'").split()
-    node_sh("spark1", f"docker volume rm {DB}")  # the next scenario starts from a fresh node
+    assert containers_of(STACK, NODES) == {} and monitoring_of(STACK, NODES) == {}
+    volumes = node_sh("spark1", "docker volume ls --format '{{.Name}}'").split()
+    assert DB in volumes and "sim-team-prometheus" in volumes  # keepData (both)
+    node_sh("spark1", f"docker volume rm {DB} sim-team-prometheus")  # the next scenario starts from a fresh node

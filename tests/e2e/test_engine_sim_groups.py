@@ -21,8 +21,10 @@ from types import SimpleNamespace
 import openai
 import pytest
 
-from e2e.conftest import ask, client_env, container_events, containers_of, first_event, node_sh, openai_client
-from e2e import healing
+from e2e.conftest import (
+    ask, client_env, container_events, containers_of, first_event, monitoring_of, node_sh, openai_client,
+)  # fmt: skip
+from e2e import healing, observing
 from e2e.conftest import dspark, resources_summary
 from e2e.timings import TIMINGS
 
@@ -171,27 +173,43 @@ def test_up_answers_through_the_router_and_both_groups_serve(first, project):
 def test_every_prometheus_target_serves_the_series_the_dashboard_reads(first, project, tmp_path):
     from planning import monitoring
 
+    for head in HEADS.values():  # a streamed answer of several tokens on each group: SGLang observes inter-token
+        client = openai.OpenAI(base_url=head + "/v1", api_key=project.api_key, max_retries=0, timeout=30)
+        stream = client.chat.completions.create(model="deepseek-v4.1-flash", max_tokens=16, stream=True,
+                                                messages=[{"role": "user", "content": "Who are you?"}])  # fmt: skip
+        assert "test double" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)  # latency then
     outputs = project.outputs()
     seen = []
     for job in outputs["prometheus"]["scrape_configs"]:
         for static in job["static_configs"]:
             labels = static["labels"]
-            series = monitoring.SERIES[labels["role"] if labels["role"] in ("router", "guard") else labels["engine"]]
+            role = labels["role"]
             for i, target in enumerate(static["targets"]):
-                if labels["role"] == "guard" and i > 0:  # a group's followers report only themselves
-                    series = ("dspark_guard_up",)
+                if role == "guard":  # every guard: itself and its node's rails; the group's leader: the group's too
+                    series = (*(monitoring.SERIES["guard"] if i == 0 else ("dspark_guard_up",)),
+                              *monitoring.SERIES["fabric"][: 2 if i else 4])  # fmt: skip
+                else:
+                    series = monitoring.SERIES[role if role in ("router", "node") else labels["engine"]]
                 with urllib.request.urlopen(f"http://{target}{job.get('metrics_path', '/metrics')}", timeout=10) as r:
                     names = {line.split("{")[0].split(" ")[0] for line in r.read().decode().splitlines()
                              if line and not line.startswith("#")}  # fmt: skip
                 assert set(series) <= names, (target, set(series) - names)
                 seen.append(target)
-    guards = [f"172.30.99.1{i}:9850" for i in range(1, 5)]
-    assert sorted(seen) == sorted(["172.30.99.11:29000", "172.30.99.11:8888", "172.30.99.13:8888", *guards])
+    nodes = [f"172.30.99.1{i}" for i in range(1, 5)]
+    assert sorted(seen) == sorted(["172.30.99.11:29000", "172.30.99.11:8888", "172.30.99.13:8888",
+                                   *(f"{n}:9850" for n in nodes), *(f"{n}:9100" for n in nodes)])  # fmt: skip
     out = tmp_path / "dashboard.json"
     proc = subprocess.run([sys.executable, "-m", "dspark.clients", "--stack", STACK, "--format", "grafana",
                            "--out", str(out)], cwd=project.work_dir, env=project.env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert len(json.loads(out.read_text())["panels"]) == 10  # router 4, engine 2, guard 4
+    doc = json.loads(out.read_text())
+    assert [p["title"] for p in doc["panels"] if p["type"] == "row"] == [
+        "Router", "Engines (sglang)", "Self-healing guard", "Fabric", "Node memory"]
+    # the REAL Prometheus the stack runs (monitoring.server) scrapes each of them, and each panel reads data there
+    prom = outputs["monitoring"]["prometheus"]
+    observing.wait_every_target_up(prom, outputs)
+    observing.record_scrape_costs(prom, STACK)
+    observing.wait_panels(prom, doc)
 
 
 def test_second_up_changes_nothing(first, project):
@@ -308,7 +326,9 @@ def test_the_router_moves_to_where_pulumi_runs_and_the_groups_stay(first, projec
 
 def test_destroy_removes_the_router_groups_and_key_files(first, project):
     project.timed("sim-x2: destroy", project.destroy()).check()
-    assert all_containers() == {} and local_router() == ""
+    assert all_containers() == {} and local_router() == "" and monitoring_of(STACK, NODES) == {}
+    assert "sim-x2-prometheus" in node_sh("spark1", "docker volume ls --format '{{.Name}}'").split()  # keepData
+    node_sh("spark1", "docker volume rm sim-x2-prometheus")  # the next scenario starts from a fresh node
     assert not (Path.home() / ".local/state/deepseek-spark/sim-x2-router/api-key").exists()
     assert node_sh("spark1", "find /var/lib/deepseek-spark -type f 2>/dev/null | wc -l").strip() == "0", "key files left"
     for node in NODES:

@@ -192,12 +192,19 @@ def test_an_up_that_changes_the_group_while_the_guard_heals_converges_as_before(
     wait_guard(lambda s: s["state"] == "serving" and s["armed"][0].startswith(head), what="guard the new group")
 
 
-def test_paused_for_maintenance_the_guard_leaves_a_stopped_rank_alone_until_resumed(up, project):
+def test_paused_for_maintenance_the_guard_leaves_a_stopped_rank_alone_until_resumed(up, project, alert_sink):
+    """Paused, nothing heals: the group-down alert reaches the webhook (Alertmanager's, the REAL one the stack runs)
+    within 60 s, naming the head and the command; resumed, the guard heals and the alert resolves."""
     code, out = dspark(project, "guard", "pause", "--reason", "swapping spark2's cable")
     assert code == 0, out
     wait_guard(lambda s: s["state"] == "paused", what="pause")
+    t0 = time.time()
     node_sh("spark2", "docker stop sim-rank1 >/dev/null")
-    time.sleep(12)
+    down = alert_sink.wait(lambda r: r.status == "firing" and r.labels.get("alertname") == "DsparkGroupDown", t0, 60,
+                           "group-down alert")  # fmt: skip
+    TIMINGS["alert: group down (guard paused), to the webhook"] = down.at - t0
+    assert (down.labels["group"], down.labels["node"], down.labels["rank"]) == ("sim", "spark1", "0")
+    assert "python -m dspark status --stack sim" in down.annotations["summary"], down.annotations
     assert node_sh("spark2", "docker inspect -f '{{.State.Status}}' sim-rank1").strip() == "exited"
     code, out = dspark(project, "status")
     assert code == 2 and "the guard is paused for maintenance (swapping spark2's cable" in out, out
@@ -207,3 +214,6 @@ def test_paused_for_maintenance_the_guard_leaves_a_stopped_rank_alone_until_resu
     assert code == 0, out
     healing.answering(lambda: healing.quick_ask(up.env), t0 + BOUND_S)
     wait_guard(lambda s: s["state"] == "serving", what="serve")
+    back = alert_sink.wait(lambda r: r.status == "resolved" and r.labels.get("alertname") == "DsparkGroupDown",
+                           down.at, 90, "the group-down alert resolved")  # fmt: skip
+    TIMINGS["alert: group down resolved, after the resume"] = back.at - t0

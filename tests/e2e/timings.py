@@ -4,3 +4,5 @@ TIMINGS: dict[str, float] = {}
 # Self-healing: per fault, seconds from the fault to the guard's detection, its group restart, the group serving
 # again (the guard's journal) and a client's first answer (measured from outside).
 HEALS: dict[str, dict[str, float]] = {}
+# Prometheus's scrape of each target: "<stack> <job> <host:port>" -> (seconds of its last scrape, samples it served).
+SCRAPES: dict[str, tuple[float, float]] = {}

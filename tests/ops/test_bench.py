@@ -201,7 +201,7 @@ def test_bench_exit_3_on_bad_arguments(tmp_path):
 
 
 def ref_of(stack: str) -> dict:
-    return cmd_bench.reference_for(parse_cluster(harness.cluster_of(stack)))
+    return cmd_bench.reference_for(parse_cluster(harness.group_of(stack)))
 
 
 def test_tp4_reference_row_shows_45_4_134_2_and_3_8k():

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import harness
-from planning import commands, plan
+from planning import commands, plan, stackplan
 from declared.config import parse_cluster, parse_stack
 from dspark import nodes as dnodes
 from dspark.__main__ import main
@@ -26,12 +26,13 @@ STACKS = ["tp3", "tp4", "tp2", "sim", "sim-tp2"]
 
 
 def cfg_of(stack: str):
-    return parse_cluster(harness.cluster_of(stack))
+    return parse_cluster(harness.group_of(stack))
 
 
 def revision_of(stack: str) -> str:
-    cfg = cfg_of(stack)
-    return plan.group_revision(plan.group_specs(cfg, stack), plan.image_build_digest(cfg))
+    """The revision the program labels the ranks with: the group's plan within its stack (whose node exporters
+    share each node's memory budget with the rank)."""
+    return stackplan.build_stack(parse_stack(harness.cluster_of(stack)), stack).groups[0].revision
 
 
 def run(argv, **kw) -> tuple[int, str, str]:
@@ -912,13 +913,15 @@ def test_plan_shows_each_nodes_memory_budget_with_the_gateway_on_the_head(tmp_pa
     head = doc["memory_budget"][0]
     assert head["node"] == "spark1" and head["budgetMiB"] == head["unifiedMiB"] - head["reserveMiB"] == 123084
     assert [(c["container"], c["limitMiB"]) for c in head["containers"]] == [
-        ("tp3-rank0", 123084 - 1536 - 256), ("tp3-gateway", 1024), ("tp3-gateway-db", 512), ("tp3-guard", 256)]
+        ("tp3-rank0", 123084 - 1536 - 64 - 256), ("tp3-gateway", 1024), ("tp3-gateway-db", 512),
+        ("tp3-node-exporter", 64), ("tp3-guard", 256)]  # fmt: skip
     assert head["limitsMiB"] == 123084 and head["freeMiB"] == 0
-    assert doc["nodes"][0]["memory_limit_mib"] == 123084 - 1536 - 256
+    assert doc["nodes"][0]["memory_limit_mib"] == 123084 - 1536 - 64 - 256
     assert doc["nodes"][0]["memory_gate_need_mib"] == head["containers"][0]["needMiB"] == 110815
-    assert [b["containers"][0]["limitMiB"] for b in doc["memory_budget"][1:]] == [123084 - 256, 123084 - 256]
+    assert [b["containers"][0]["limitMiB"] for b in doc["memory_budget"][1:]] == [123084 - 64 - 256] * 2
     code, text, _ = run(args("plan", "tp3", None, project))
     assert code == 0
     row = next(line for line in text.splitlines() if line.lstrip().startswith("spark1  124,620"))
-    assert row.split()[:7] == ["spark1", "124,620", "1,536", "123,084", "123,084", "0", "10,477"]
-    assert row.rstrip().endswith("tp3-rank0 121,292 (needs 110,815), tp3-gateway 1,024, tp3-gateway-db 512, tp3-guard 256")
+    assert row.split()[:7] == ["spark1", "124,620", "1,536", "123,084", "123,084", "0", "10,413"]
+    assert row.rstrip().endswith("tp3-rank0 121,228 (needs 110,815), tp3-gateway 1,024, tp3-gateway-db 512, "
+                                 "tp3-node-exporter 64, tp3-guard 256")

@@ -69,7 +69,7 @@ def test_volume_probe_script_ok_missing_and_failing_stat(tmp_path):
 def test_the_programs_preflight_output_is_parsed(tmp_path):
     """Run the program's own preflight script (tp3 head) with failing stand-ins: every check it
     names is reported, the failures with their messages, as doctor reads them."""
-    cfg = parse_cluster(harness.cluster_of("tp3"))
+    cfg = parse_cluster(harness.group_of("tp3"))
     script = commands.preflight(cfg, "tp3", 0)
     bindir = tmp_path / "bin"
     stub(bindir, "docker", "exit 1\n")

@@ -15,7 +15,7 @@ from planning import guard as guard_plan
 from planning import plan
 
 STACK = "tp3"
-CFG = parse_cluster(harness.cluster_of(STACK))
+CFG = parse_cluster(harness.group_of(STACK))
 JOURNAL = guard_plan.directory(CFG, 0, STACK) + "/journal.json"
 HEAD = "10.0.0.1"
 

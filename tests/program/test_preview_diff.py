@@ -168,9 +168,9 @@ def test_an_unchanged_config_previews_no_changes(baseline):
     steps = plan_steps(baseline, again)
     assert {s.op for s in steps.values()} == {"same"}
     # 4 x (docker provider, preflight, image, volume, compile cache, engram shard, argcheck, memory gate, rank,
-    # guard archive, guard token file, guard) + export, api key file, image agreement, group generation, fabric
-    # gate, readiness, the guard's token
-    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 12 + 7
+    # guard archive, guard token file, guard, monitoring image build, monitoring image, node exporter) + export,
+    # api key file, image agreement, group generation, fabric gate, readiness, the guard's token
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 15 + 7
 
 
 def test_the_model_catches_a_forced_replacement():

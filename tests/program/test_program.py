@@ -6,7 +6,7 @@ import shlex
 import pytest
 
 from planning import plan
-from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, plain_strings, reveal, run_program
+from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, group_of, plain_strings, reveal, run_program
 
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
@@ -138,7 +138,7 @@ def test_group_revision_equal_on_all_ranks_and_exported(rec):
         {"maxRunningRequests": 2},
         {"memFractionStatic": 0.79},
         {"extraEnv": {"NCCL_DEBUG": "INFO"}},
-        {"extraArgs": ["--enable-metrics"]},
+        {"extraArgs": ["--log-level", "debug"]},
         {"specAlgo": "off"},
         {"dsparkBlockSize": 5},
         {"chunkedPrefillSize": 2048},
@@ -225,7 +225,7 @@ def test_local_share_mode_has_no_export_and_binds_everywhere():
 
 
 def test_images_on_every_node_kept_on_destroy(rec, stack):
-    images = rec.of_type(IMAGE)
+    images = [i for i in rec.of_type(IMAGE) if "ServingImage" in i.parent]
     assert len(images) == len(cluster_of(stack)["nodes"])
     image = cluster_of(stack)["image"]
     assert all(i.inputs["keepLocally"] is True and i.inputs["name"] == image for i in images)
@@ -338,12 +338,15 @@ def test_components_follow_naming_and_tokens(rec, stack):
     assert {r.type for r in comps} == {
         f"deepseek-spark:index:{c}"
         for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "CompileCaches", "Readiness",
-                  "FabricGate", "Guard", *engine)
+                  "FabricGate", "Guard", "Monitoring", *engine)
     }  # fmt: skip
     by_urn = {r.urn: r for r in rec.resources}
     for r in rec.resources:
         if r.type == "deepseek-spark:index:DeepSeekCluster":
             assert r.name == stack
+            continue
+        if r.type == "deepseek-spark:index:Monitoring":  # the stack's, beside its groups
+            assert r.name == f"{stack}-monitoring" and r.parent not in by_urn
             continue
         parent = by_urn[r.parent]
         assert r.name.startswith(parent.name + "-"), f"{r.name} not named after its parent {parent.name}"
@@ -431,7 +434,7 @@ def test_image_built_on_every_node_when_image_build_is_set(tmp_path):
     raw["imageBuild"] = {"context": str(ctx), "args": {"B": "2", "A": "1"}}
     rec = run_program("tp4", cluster=raw)
     builds = rec.of_type("docker:index/image:Image")
-    assert not rec.of_type(IMAGE) and len(builds) == 4
+    assert not [i for i in rec.of_type(IMAGE) if "ServingImage" in i.parent] and len(builds) == 4
     for b in builds:
         assert b.inputs["imageName"] == "dsv41-4x-spark:local" and b.inputs["skipPush"] is True
         assert b.inputs["buildOnPreview"] is False  # preview never builds on a node
@@ -494,7 +497,7 @@ def test_each_node_has_a_memory_gate_between_the_generation_and_every_rank(rec, 
 def test_the_memory_gates_need_is_what_the_plan_places_on_the_node():
     from declared import config
 
-    cfg = config.parse_cluster(cluster_of("tp3"))
+    cfg = config.parse_cluster(group_of("tp3"))
     mp = plan.memory_plan(cfg)
     head, worker = mp.ranks
     assert plan.rank_need_mib(cfg, 0) == int((head.static_used_gib + head.outside_needed_gib) * 1024)

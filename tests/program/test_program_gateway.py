@@ -55,7 +55,7 @@ def test_a_members_key_reaches_only_their_registration_on_stdin(rec):
 
 def test_no_rank_or_engine_resource_knows_the_gateway_or_a_member(rec):
     for r in rec.of_type(CONTAINER):
-        if "gateway" in r.name:
+        if "gateway" in r.name or "monitoring" in r.name:  # (Prometheus reads the gateway with its metrics key)
             continue
         text = str(reveal(r.inputs))
         assert ADMIN not in text and "gateway" not in text
@@ -153,8 +153,9 @@ def test_tp3_with_the_gateway_on_the_head_gives_its_rank_what_the_gateway_leaves
     limits = {r.inputs["name"]: r.inputs["memory"] for r in after.of_type(CONTAINER)}
     budget_mib = int(121.7 * 1024) - 1536  # memory.hostReserveGiB 1.5 stays with the OS
     assert limits["tp3-gateway"] == 1024 and limits["tp3-gateway-db"] == 512 and limits["tp3-guard"] == 256
-    assert limits["tp3-rank0"] + 1024 + 512 + 256 == budget_mib
-    assert limits["tp3-rank1"] == limits["tp3-rank2"] == budget_mib - 256  # beside them: their node's guard
+    assert limits["tp3-node-exporter"] == 64
+    assert limits["tp3-rank0"] + 1024 + 512 + 64 + 256 == budget_mib
+    assert limits["tp3-rank1"] == limits["tp3-rank2"] == budget_mib - 64 - 256  # beside them: the exporter, the guard
     log = next(m for _, m in after.logs if m.startswith("memory budget per node"))
-    assert (f"tp3-rank0 {limits['tp3-rank0']:,} (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + tp3-guard "
-            f"256 = {budget_mib:,}") in log
+    assert (f"tp3-rank0 {limits['tp3-rank0']:,} (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + "
+            f"tp3-node-exporter 64 + tp3-guard 256 = {budget_mib:,}") in log

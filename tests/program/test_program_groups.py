@@ -144,12 +144,16 @@ def test_one_group_stacks_have_no_router_and_keep_their_names():
     assert {r.inputs["name"] for r in rec.ranks()} == {f"tp4-rank{i}" for i in range(4)}
     assert {r.inputs["name"] for r in rec.containers("guard")} == {"tp4-guard"}
     assert rec.named("tp4-sglang-generation") and rec.named("tp4-readiness-check")
-    assert all("--enable-metrics" not in r.inputs["command"] for r in rec.ranks())
-    assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision",
-                                "groups", "boot", "fabric", "prometheus", "alert_rules", "client_config"}  # fmt: skip
+    assert all(r.inputs["command"].count("--enable-metrics") == 1 for r in rec.ranks())  # observed by default
+    assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision", "groups",
+                                "boot", "fabric", "prometheus", "alert_rules", "client_config", "monitoring"}  # fmt: skip
     jobs = {c["job_name"]: c for c in rec.outputs["prometheus"]["scrape_configs"]}
-    assert set(jobs) == {"tp4-guard"}  # SGLang without --enable-metrics, no router: only the guards
+    assert set(jobs) == {"tp4-engine", "tp4-guard", "tp4-node"}  # no router: rank 0, the guards, the node exporters
+    assert jobs["tp4-engine"]["static_configs"] == [{"targets": ["10.0.0.1:8888"], "labels": {
+        "stack": "tp4", "group": "tp4", "engine": "sglang", "role": "engine"}}]  # fmt: skip
     assert jobs["tp4-guard"]["static_configs"][0]["targets"] == [f"10.0.0.{i}:9850" for i in range(1, 5)]
+    assert [c["targets"] for c in jobs["tp4-node"]["static_configs"]] == [[f"10.0.0.{i}:9100"] for i in range(1, 5)]
+    assert rec.outputs["monitoring"] == {"node_exporters": [f"10.0.0.{i}:9100" for i in range(1, 5)]}
     assert rec.outputs["groups"][0]["name"] == "tp4" and rec.outputs["groups"][0]["revision"] == rec.outputs[
         "group_revision"
     ]

@@ -185,7 +185,8 @@ def test_engine_defaults_for_vllm():
     del raw["model"]["profile"]
     rec = run_program("tp2", cluster=raw)
     assert rec.outputs["endpoint"].endswith(":8000/v1")
-    assert {i.inputs["name"] for i in rec.of_type("docker:index/remoteImage:RemoteImage")} == {"vllm/vllm-openai:v0.31.0"}
+    assert {i.inputs["name"] for i in rec.of_type("docker:index/remoteImage:RemoteImage") if "ServingImage" in i.parent} \
+        == {"vllm/vllm-openai:v0.31.0"}
     assert rec.outputs["memory_plan"]["profile"] == "deepseek-v4.1-flash-nvfp4"
     assert reveal(rec.named("tp2-vllm-api-key").inputs["stdin"]) == TEST_API_KEY
 

@@ -65,7 +65,7 @@ def test_gateway_overlay_matches_the_dockerfile():
     assert re.search(r"^CMD \[\"/bin/sh\"\]$", text, re.M) and "ENTRYPOINT" not in text
     assert re.search(r"^FROM \$\{BASE\}$", text, re.M) and "ARG BASE=debian:bookworm-slim" in text
     assert "-r /tmp/requirements.txt" in text and "--no-deps" in text
-    ov = images.gateway_overlay()
+    ov = images.GATEWAY.overlay()
     assert ov.files == {}
     sim_env = dict(c[4:].split("=", 1) for c in ov.changes if c.startswith("ENV "))
     assert {k: sim_env.get(k) for k in env} == env
@@ -74,7 +74,7 @@ def test_gateway_overlay_matches_the_dockerfile():
     assert "deepseek-spark.sim.test-double=false" in label and "registry-packages-only" in label
     ignore = [ln for ln in (GATEWAY / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
     assert ignore == ["*", "!Dockerfile", "!requirements.txt"]
-    assert images.gateway_image_tag().startswith("deepseek-spark-gateway:sim-")
+    assert images.GATEWAY.tag().startswith("deepseek-spark-gateway:sim-")
 
 
 # ----------------------------------------------------------------------------- integration ----

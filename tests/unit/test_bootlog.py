@@ -6,7 +6,7 @@ import json
 import pytest
 
 from declared.config import parse_cluster
-from harness import cluster_of
+from harness import cluster_of, group_of
 from planning import commands, plan
 from programs import bootlog, probe
 
@@ -55,10 +55,10 @@ def test_verdict_against_the_share_of_the_expected_pool(got, ok):
 
 
 def test_expected_pool_is_the_pin_clamped_to_what_the_layout_obtains():
-    tp4 = parse_cluster(cluster_of("tp4"))  # pins 8M; the seed obtained 5.98-6.49M at TP4
+    tp4 = parse_cluster(group_of("tp4"))  # pins 8M; the seed obtained 5.98-6.49M at TP4
     assert plan.expected_kv_tokens(tp4) == 5_980_000
-    assert plan.expected_kv_tokens(parse_cluster(cluster_of("tp3"))) == 750_000
-    assert plan.expected_kv_tokens(parse_cluster(cluster_of("tp2"))) == 131072  # one maxModelLen request
+    assert plan.expected_kv_tokens(parse_cluster(group_of("tp3"))) == 750_000
+    assert plan.expected_kv_tokens(parse_cluster(group_of("tp2"))) == 131072  # one maxModelLen request
 
 
 def test_probe_prints_the_boot_line_and_fails_or_warns(capsys):
@@ -87,7 +87,7 @@ def test_probe_reads_rank0_log_over_ssh_with_a_grep():
 
 
 def test_readiness_command_carries_the_plan_figures():
-    cmd = commands.readiness(parse_cluster(cluster_of("tp4")), "tp4")
+    cmd = commands.readiness(parse_cluster(group_of("tp4")), "tp4")
     assert "--engine sglang --expect-kv-tokens 5980000 --min-kv-share 0.9 --kv-shortfall fail" in cmd
 
 

@@ -99,15 +99,18 @@ def test_tp3_with_the_gateway_on_the_head_leaves_the_reserve_and_gives_the_rank_
     cp = stackplan.build_stack(sc, stack)
     head, worker, _ = cp.budgets
     assert [(c.container, c.role) for c in head.containers] == [
-        ("tp3-rank0", "rank"), ("tp3-gateway", "gateway"), ("tp3-gateway-db", "gateway-db"), ("tp3-guard", "guard")]
+        ("tp3-rank0", "rank"), ("tp3-gateway", "gateway"), ("tp3-gateway-db", "gateway-db"),
+        ("tp3-node-exporter", "node-exporter"), ("tp3-guard", "guard")]
     assert head.unified_mib == 124620 and head.reserve_mib == 1536 and head.budget_mib == 123084
-    assert head.rank.limit_mib == 123084 - 1024 - 512 - 256 and head.limits_mib == head.budget_mib
-    assert worker.rank.limit_mib == 123084 - 256 and [c.container for c in worker.others] == ["tp3-guard"]
+    assert head.rank.limit_mib == 123084 - 1024 - 512 - 64 - 256 and head.limits_mib == head.budget_mib
+    assert worker.rank.limit_mib == 123084 - 64 - 256
+    assert [c.container for c in worker.others] == ["tp3-node-exporter", "tp3-guard"]
     assert head.headroom_mib == head.rank.limit_mib - head.rank.need_mib > budget.THIN_HEADROOM_MIB
     # what the components receive: the rank's limit, and its gate's need, are the budget's
     assert cp.groups[0].group.specs[0].memory_mib == head.rank.limit_mib
     assert gate_needs(cp) == {b.rank.container: b.rank.need_mib for b in cp.budgets}
-    assert ("tp3-rank0 121,292 (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + tp3-guard 256 = 123,084"
+    assert ("tp3-rank0 121,228 (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + tp3-node-exporter 64 + "
+            "tp3-guard 256 = 123,084"
             in budget.summary(cp.budgets))
 
 
@@ -117,14 +120,19 @@ def test_the_router_comes_out_of_its_nodes_rank_and_a_local_router_out_of_none()
     cp = stackplan.build_stack(sc, stack)
     spark1 = cp.budgets[0]
     assert [(c.container, c.limit_mib, c.field) for c in spark1.others] == [
-        ("sim-x2-router", 1024, "router.memoryMiB"), ("sim-x2-a-guard", 256, "groups[0](a).serving.selfHeal.memoryMiB")]
-    assert spark1.rank.limit_mib == spark1.budget_mib - 1024 - 256
-    assert all(b.rank.limit_mib == b.budget_mib - 256 and [c.role for c in b.others] == ["guard"] for b in cp.budgets[1:])
+        ("sim-x2-router", 1024, "router.memoryMiB"), ("sim-x2-node-exporter", 64, "monitoring.nodeExporter.memoryMiB"),
+        ("sim-x2-prometheus", 1024, "monitoring.server.memoryMiB"),
+        ("sim-x2-alertmanager", 128, "monitoring.server.alertmanagerMemoryMiB"),
+        ("sim-x2-a-guard", 256, "groups[0](a).serving.selfHeal.memoryMiB")]  # (Prometheus: on the router's node)
+    assert spark1.rank.limit_mib == spark1.budget_mib - 1024 - 64 - 1024 - 128 - 256
+    assert all(b.rank.limit_mib == b.budget_mib - 64 - 256 and [c.role for c in b.others] == ["node-exporter", "guard"]
+               for b in cp.budgets[1:])  # fmt: skip
     assert cp.router.spec.memory_mib == 1024
-    local, _ = stack_of("sim-x2", router={"node": "local"}, serving=capped)
-    assert all([c.role for c in b.others] == ["guard"] for b in budget.node_budgets(local, "sim-x2"))
+    local, _ = stack_of("sim-x2", router={"node": "local"}, serving=capped)  # Prometheus then on the head
+    assert [[c.role for c in b.others] for b in budget.node_budgets(local, "sim-x2")] == [
+        ["node-exporter", "prometheus", "alertmanager", "guard"]] + [["node-exporter", "guard"]] * 3
     bigger, _ = stack_of("sim-x2", router={"memoryMiB": 4096}, serving=capped)
-    assert budget.node_budgets(bigger, "sim-x2")[0].rank.limit_mib == spark1.budget_mib - 4096 - 256
+    assert budget.node_budgets(bigger, "sim-x2")[0].rank.limit_mib == spark1.budget_mib - 4096 - 64 - 1024 - 128 - 256
 
 
 def test_a_group_planned_alone_gives_its_ranks_the_whole_budget_but_its_own_guards():
@@ -141,13 +149,13 @@ def test_hostreserve_60_on_tp4_is_refused_naming_each_node_the_figures_and_the_k
     errors = [e for e in rules.check_stack(sc, stack)[0] if e.rule == "node-memory-budget"]
     assert [e.field for e in errors] == ["memory.hostReserveGiB"] * 4
     worker = errors[1]
-    assert "rank tp4-rank1 on spark2 needs 100,354 MiB" in worker.problem and "its limit is 62,924 MiB" in worker.problem  # 63,180 less the guard's 256
-    assert "lower memory.hostReserveGiB to at most 23.4" in worker.fix
-    assert "lower memory.hostReserveGiB to at most 22.1" in errors[0].fix  # the head holds rank 0's extra
+    assert "rank tp4-rank1 on spark2 needs 100,354 MiB" in worker.problem and "its limit is 62,860 MiB" in worker.problem  # 63,180 less the node exporter's 64 and the guard's 256
+    assert "lower memory.hostReserveGiB to at most 23.3" in worker.fix
+    assert "lower memory.hostReserveGiB to at most 22;" in errors[0].fix  # the head holds rank 0's extra
     # the fix is exact: the reserve it names is the largest that passes
-    assert NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 22.1})[0], stack) == []
-    assert ["spark1" in e.problem for e in NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.4})[0], stack)] == [True]
-    assert len(NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.5})[0], stack)) == 4
+    assert NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 22.0})[0], stack) == []
+    assert ["spark1" in e.problem for e in NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.3})[0], stack)] == [True]
+    assert len(NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.4})[0], stack)) == 4
 
 
 def test_a_need_no_reserve_can_hold_names_the_engine_knobs():
@@ -183,14 +191,14 @@ def test_limits_beyond_the_budget_are_refused_naming_node_figures_and_fields():
 
 
 def test_thin_headroom_is_a_warning_naming_node_and_figures():
-    # tp3's head needs 110,815 MiB of its 123,084: a gateway that takes 11,269 of them (and the guard 256) leaves the
-    # rank 744 above
+    # tp3's head needs 110,815 MiB of its 123,084: a gateway that takes 11,269 of them (and the node exporter 64, the
+    # guard 256) leaves the rank 680 above
     sc, stack = stack_of("tp3", gateway={"memoryMiB": 10757, "databaseMemoryMiB": 512})
     assert NODE_RULE(sc, stack) == []
     (found,) = THIN_RULE(sc, stack)
     assert found.level == "warning" and found.field == "memory.hostReserveGiB"
-    assert "on spark1 (111,559 MiB) leaves 744 MiB above what it needs (110,815 MiB)" in found.problem
-    assert "(gateway.memoryMiB, gateway.databaseMemoryMiB, serving.selfHeal.memoryMiB)" in found.fix
+    assert "on spark1 (111,495 MiB) leaves 680 MiB above what it needs (110,815 MiB)" in found.problem
+    assert "(gateway.memoryMiB, gateway.databaseMemoryMiB, monitoring.nodeExporter.memoryMiB, serving.selfHeal.memoryMiB)" in found.fix
     assert THIN_RULE(*stack_of("tp3", gateway={})) == []
 
 
@@ -215,7 +223,8 @@ def test_budget_output_is_what_dspark_plan_prints():
     out = head.to_output()
     assert out["budgetMiB"] == out["unifiedMiB"] - out["reserveMiB"] == 123084
     assert out["limitsMiB"] == sum(c["limitMiB"] for c in out["containers"]) and out["freeMiB"] == 123084 - out["limitsMiB"]
-    assert [c["role"] for c in out["containers"]] == ["rank", "gateway", "gateway-db", "guard"]
+    assert [c["role"] for c in out["containers"]] == ["rank", "gateway", "gateway-db", "node-exporter", "prometheus",
+                                                      "alertmanager", "guard"]  # fmt: skip
     assert out["containers"][0]["needMiB"] == head.rank.need_mib and out["containers"][1]["needMiB"] is None
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from planning import commands, plan
 from declared.config import parse_cluster
-from harness import cluster_of
+from harness import cluster_of, group_of
 
 import fakefabric
 
@@ -121,7 +121,7 @@ def test_preflight_space_check_passes_when_shards_exist(node_env):
 
 
 def test_export_line_is_read_only_to_exactly_the_workers():
-    cfg = parse_cluster(cluster_of("tp4"))
+    cfg = parse_cluster(group_of("tp4"))
     line = commands.export_line(cfg)
     path, *clients = line.split()
     assert path == "/home/zurih/NewModels/DS4.1"
@@ -130,7 +130,7 @@ def test_export_line_is_read_only_to_exactly_the_workers():
 
 
 def test_export_commands_use_sudo_for_non_root_and_own_file():
-    cfg = parse_cluster(cluster_of("tp4"))
+    cfg = parse_cluster(group_of("tp4"))
     create = commands.export_create(cfg, "tp4")
     assert "sudo -n tee /etc/exports.d/deepseek-spark-tp4.exports" in create
     assert "sudo -n exportfs -ra" in create
@@ -225,7 +225,7 @@ def test_sudo_only_for_non_root():
 
 
 def test_readiness_takes_the_key_from_the_environment():
-    cmd = commands.readiness(parse_cluster(cluster_of("tp4")), "tp4")
+    cmd = commands.readiness(parse_cluster(group_of("tp4")), "tp4")
     assert cmd.startswith("python3 -m programs.probe --url http://10.0.0.1:8888/v1")
     assert f"--key-env {commands.READINESS_KEY_ENV}" in cmd and "--timeout 1800" in cmd
 
@@ -283,7 +283,7 @@ def test_incomplete_download_fails_and_leaves_no_stamp(hf_stub):
 
 
 def _ray_worker_entrypoint():
-    cfg = parse_cluster(cluster_of("tp2"))
+    cfg = parse_cluster(group_of("tp2"))
     worker = plan.vllm_specs(cfg, "tp2")[1]
     assert worker.args[:2] == ["ray", "start"]
     return worker.entrypoint

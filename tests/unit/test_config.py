@@ -3,18 +3,18 @@
 import pytest
 
 from declared.config import ConfigError, parse_cluster
-from harness import cluster_of
+from harness import cluster_of, group_of
 
 
 @pytest.mark.parametrize("stack", ["tp3", "tp4"])
 def test_stack_files_parse(stack):
-    cfg = parse_cluster(cluster_of(stack))
+    cfg = parse_cluster(group_of(stack))
     assert cfg.serving.tp_size == len(cfg.nodes)
     assert cfg.nodes[0].name == "spark1"
 
 
 def test_seed_values_tp4():
-    cfg = parse_cluster(cluster_of("tp4"))
+    cfg = parse_cluster(group_of("tp4"))
     s = cfg.serving
     assert [n.host for n in cfg.nodes] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     assert (s.port, s.tp_size, s.ep_size, s.context_length, s.max_total_tokens) == (8888, 4, 4, 1048576, 8000000)
@@ -24,7 +24,7 @@ def test_seed_values_tp4():
 
 
 def test_seed_values_tp3():
-    s = parse_cluster(cluster_of("tp3")).serving
+    s = parse_cluster(group_of("tp3")).serving
     assert (s.tp_size, s.ep_size, s.context_length, s.max_total_tokens) == (3, 3, 262144, 750000)
     assert (s.max_running_requests, s.mem_fraction_static) == (4, 0.95)
 
@@ -75,7 +75,7 @@ def test_unset_cluster_points_to_example():
 
 
 def test_defaults_from_the_seeds():
-    cfg = parse_cluster(cluster_of("tp4"))
+    cfg = parse_cluster(group_of("tp4"))
     assert cfg.serving.dist_port == 20000
     assert cfg.fabric.tuned_buffers is True
     assert cfg.readiness.timeout_seconds >= 13 * 60  # a cold boot takes 12-13 minutes

@@ -15,20 +15,15 @@ import served
 from dspark import dashboard
 from planning import monitoring
 
-# per stack, with node-exporter targets (role "node") added: (rows, panels and rows)
+# per stack (its node exporters included): (rows, panels and rows)
 COUNTS = {"sim": (4, 21), "sim-team": (5, 25), "sim-tp2": (4, 20), "sim-x2": (5, 26), "tp2": (4, 20), "tp3": (4, 21),
           "tp4": (4, 21), "tp4x2": (5, 26)}  # fmt: skip
 
 
 def scrape(stack: str, nodes: bool = True) -> list[dict]:
-    """The stack's scrape configs, and (as the node exporters add them) a node-exporter job on its nodes."""
-    cp = alertfiles.plan_of(stack)
-    configs = copy.deepcopy(monitoring.scrape_configs(cp))
-    if nodes:
-        configs.append({"job_name": f"{stack}-node", "static_configs": [
-            {"targets": [f"{n.host}:9100"], "labels": {"stack": stack, "node": n.name, "role": "node"}}
-            for g in cp.groups for n in g.nodes]})  # fmt: skip
-    return configs
+    """The stack's scrape configs (`nodes=False`: without its node exporters' job)."""
+    configs = copy.deepcopy(monitoring.scrape_configs(alertfiles.plan_of(stack)))
+    return [c for c in configs if nodes or c["job_name"] != f"{stack}-node"]
 
 
 @pytest.fixture(scope="module")

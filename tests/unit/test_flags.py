@@ -148,8 +148,10 @@ def test_every_flag_the_program_sets_is_managed():
     raw = cluster_of("tp2")
     raw["serving"].update(extraArgs=[], maxRunningRequests=8)
     vllm = _options(plan.vllm_serve_args(parse_cluster(raw)))
+    # --enable-metrics: a switch the program always sets and a user's extraArgs may repeat (it cannot turn it off)
+    switches = {"sglang": {"--enable-metrics"}, "vllm": set()}
     for engine, options, elsewhere in (("sglang", sglang, {"--api-key"}), ("vllm", vllm, {"--api-key", "--model"})):
-        assert {o for o in options if flags.managed_flag(o, engine) != o} == set(), engine
+        assert {o for o in options if flags.managed_flag(o, engine) != o} == switches[engine], engine
         assert {m.flag for m in flags.ENGINES[engine]} - options == elsewhere, engine
 
 

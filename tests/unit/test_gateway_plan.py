@@ -124,13 +124,15 @@ def test_gateway_limits_come_out_of_the_head_rank_and_are_refused_when_they_leav
     cp = stackplan.build_stack(_team(), "sim-st")
     gp, (head, worker) = cp.gateway, cp.budgets
     assert (gp.gateway.memory_mib, gp.database.memory_mib) == (1024, 512)
-    assert [c.container for c in head.containers] == ["sim-st-rank0", "sim-st-gateway", "sim-st-gateway-db", "sim-st-guard"]
-    assert [c.container for c in worker.containers] == ["sim-st-rank1", "sim-st-guard"]
+    assert [c.container for c in head.containers] == ["sim-st-rank0", "sim-st-gateway", "sim-st-gateway-db",
+                                                      "sim-st-node-exporter", "sim-st-guard"]  # fmt: skip
+    assert [c.container for c in worker.containers] == ["sim-st-rank1", "sim-st-node-exporter", "sim-st-guard"]
     errors, _ = rules.check_stack(_team(memoryMiB=16384, databaseMemoryMiB=16384), "sim-st")
     (found,) = [e for e in errors if e.rule == "node-memory-budget"]
     assert found.field == "gateway.memoryMiB" and found.value == 16384
     assert "on spark1" in found.problem and "sim-st-gateway 16,384 + sim-st-gateway-db 16,384" in found.problem
-    assert "(gateway.memoryMiB, gateway.databaseMemoryMiB, serving.selfHeal.memoryMiB) or place them on another node" in found.fix
+    assert ("(gateway.memoryMiB, gateway.databaseMemoryMiB, monitoring.nodeExporter.memoryMiB, serving.selfHeal.memoryMiB)"
+            " or place them on another node") in found.fix
 
 
 def test_the_prometheus_output_and_dashboard_cover_the_gateway_per_member():

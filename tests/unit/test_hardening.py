@@ -13,7 +13,7 @@ import pytest
 from declared import config, hostkeys
 from planning import plan, rules
 from declared.config import ConfigError, parse_cluster
-from harness import ROOT, cluster_of, fake_host_key, run_program
+from harness import ROOT, cluster_of, fake_host_key, group_of, run_program
 
 
 def refused(raw, field: str, stack: str = "tp4") -> str:
@@ -49,7 +49,7 @@ def test_export_options_cannot_write_another_export_entry(opts):
 
 
 def test_export_and_mount_options_are_a_list_of_single_options():
-    cfg = parse_cluster(cluster_of("tp4"))
+    cfg = parse_cluster(group_of("tp4"))
     assert cfg.share.export_options == ["ro", "sync", "no_subtree_check", "no_root_squash", "insecure"]
     from planning import commands
 
@@ -74,7 +74,7 @@ def test_cuda_graphs_are_planned_at_the_batch_size_actually_captured():
 def test_the_test_double_memory_profile_is_refused_outside_the_sim_stacks():
     raw = with_("tp4", ["model", "profile"], "sim-test-double")
     assert "test double" in refused(raw, "model.profile", stack="tp4")
-    errors, _ = rules.check(parse_cluster(cluster_of("sim")), "sim")
+    errors, _ = rules.check(parse_cluster(group_of("sim")), "sim")
     assert errors == []
 
 

@@ -4,7 +4,7 @@ is refused naming the address's field and the fix; the seed stacks pass."""
 import pytest
 
 from declared.config import parse_cluster
-from harness import cluster_of
+from harness import cluster_of, group_of
 from planning import rules
 
 RULE = dict(rules.RULES)["fabric-link-ips"]
@@ -55,7 +55,7 @@ def test_a_subnet_shared_by_several_nodes_is_fine_on_a_switch():
 
 @pytest.mark.parametrize("stack", ["tp2", "tp3", "tp4", "sim", "sim-tp2"])
 def test_the_seed_stacks_links_pass(stack):
-    assert RULE(parse_cluster(cluster_of(stack)), stack) == []
+    assert RULE(parse_cluster(group_of(stack)), stack) == []
 
 
 def test_a_bad_address_is_left_to_fabric_ip_is_ipv4():

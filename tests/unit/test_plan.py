@@ -8,7 +8,7 @@ import pytest
 
 from planning import plan
 from declared.config import parse_cluster
-from harness import cluster_of
+from harness import cluster_of, group_of
 
 import fakefabric
 
@@ -45,8 +45,15 @@ def test_spec_off_drops_speculative_flags():
 
 
 def test_extra_args_are_appended_last():
-    cfg = cfg_of("tp4", extraArgs=["--enable-metrics"])
-    assert plan.sglang_args(cfg, 1)[-1] == "--enable-metrics"
+    cfg = cfg_of("tp4", extraArgs=["--log-level", "debug"])
+    assert plan.sglang_args(cfg, 1)[-2:] == ["--log-level", "debug"]
+
+
+def test_every_rank_serves_metrics_once_even_when_extra_args_ask_for_them():
+    """Observed by default: Prometheus scrapes rank 0's /metrics, the router's drain reads it."""
+    for rank in range(4):
+        assert plan.sglang_args(cfg_of("tp4"), rank).count("--enable-metrics") == 1
+        assert plan.sglang_args(cfg_of("tp4", extraArgs=["--enable-metrics"]), rank).count("--enable-metrics") == 1
 
 
 def test_dist_init_uses_head_fabric_ip_not_management():
@@ -184,7 +191,7 @@ def test_wrapper_stops_the_rank_when_the_fabric_ip_is_not_on_connectx7(tmp_path)
 
 
 def test_vllm_specs_head_serves_worker_joins():
-    cfg = parse_cluster(cluster_of("tp2"))
+    cfg = parse_cluster(group_of("tp2"))
     head, worker = plan.vllm_specs(cfg, "tp2")
     assert head.container_name == "tp2-rank0" and worker.container_name == "tp2-rank1"
     assert head.args[0] == "serve" and _flag(head.args, "--gpu-memory-utilization") == "0.85"
@@ -196,7 +203,7 @@ def test_vllm_specs_head_serves_worker_joins():
 
 
 def test_vllm_memory_plan_seed_figures():
-    cfg = parse_cluster(cluster_of("tp2"))
+    cfg = parse_cluster(group_of("tp2"))
     mp = plan.memory_plan(cfg)
     r = mp.ranks[0]
     assert mp.fits and r.weights_gib == 79 and r.kv_gib == pytest.approx(15.0)

@@ -4,7 +4,7 @@ import pytest
 
 from planning import rules
 from declared.config import parse_cluster
-from harness import cluster_of
+from harness import cluster_of, group_of
 
 
 def _set(path, value):
@@ -123,7 +123,7 @@ def test_vllm_variant_of_rule_fails(name):
 
 
 def test_vllm_stack_has_no_errors_only_the_seed_warnings():
-    errors, warnings = rules.check(parse_cluster(cluster_of("tp2")))
+    errors, warnings = rules.check(parse_cluster(group_of("tp2")))
     assert errors == []
     assert {w.rule for w in warnings} == {"vllm-weights-range-warning", "pinned-revision-warning"}
 
@@ -149,15 +149,15 @@ def test_download_needs_a_repo():
 
 @pytest.mark.parametrize("stack", ["tp3", "tp4", "tp2", "sim", "sim-tp2"])
 def test_seed_stacks_have_no_errors(stack):
-    errors, _ = rules.check(parse_cluster(cluster_of(stack)), stack)
+    errors, _ = rules.check(parse_cluster(group_of(stack)), stack)
     assert errors == []
 
 
 def test_warnings_do_not_block():
-    errors, warnings = rules.check(parse_cluster(cluster_of("tp3")))
+    errors, warnings = rules.check(parse_cluster(group_of("tp3")))
     assert not errors
     assert {w.rule for w in warnings} == {"tp3-padding-warning", "dev-image-warning"}
-    _, tp4_warnings = rules.check(parse_cluster(cluster_of("tp4")))
+    _, tp4_warnings = rules.check(parse_cluster(group_of("tp4")))
     assert {w.rule for w in tp4_warnings} == {"dev-image-warning", "kv-pin-clamp-warning"}
 
 
