@@ -9,6 +9,7 @@
                                                                   # llama-benchy: raw results, a plot, the seed's figures
     python -m dspark repair --stack tp4 [--yes]                   # drift only: refresh + up (for a timer)
     python -m dspark restart --stack tp4 [--yes]                  # the group over, as a whole (a rank is down)
+    python -m dspark diagnose --stack tp4 [--out FILE]            # one support file for an issue, no secret in it
 
 It reads the stack's config from `Pulumi.<stack>.yaml` (`--project-dir`, default the current
 directory) and, for the commands that need them, the stack's outputs (`--outputs-file`, or
@@ -19,6 +20,6 @@ API key is never printed: every line read from a node or the endpoint is redacte
 Exit codes: status 0 healthy, 1 degraded, 2 down; doctor 1 when it found something; smoke 1 when a
 request failed or missed the expected answer; bench 1 when llama-benchy failed; repair 0 no drift or
 repaired, 1 failed, 2 drift found without --yes, 4 a config change is pending; restart 0 restarted,
-1 failed, 2 preview only (no --yes); 3 whenever dspark
+1 failed, 2 preview only (no --yes); diagnose 0 once its file is written; 3 whenever dspark
 itself cannot run (arguments, config, outputs). `--group NAME` picks a group of a stack with groups.
 """

@@ -1,4 +1,4 @@
-"""python -m dspark <plan|status|logs|doctor|smoke|bench> --stack <stack> [options]; see dspark/__init__.py
+"""python -m dspark <plan|status|logs|doctor|smoke|bench|diagnose> --stack <stack> [options]; see dspark/__init__.py
 (bench: dspark/cmd_bench.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Callable, Optional, Sequence, TextIO
 
 from . import __doc__ as OVERVIEW
 from . import (
-    cmd_bench, cmd_demo, cmd_doctor, cmd_guard, cmd_logs, cmd_plan, cmd_repair, cmd_restart, cmd_smoke, cmd_status,
+    cmd_bench, cmd_demo, cmd_diagnose, cmd_doctor, cmd_guard, cmd_logs, cmd_plan, cmd_repair, cmd_restart, cmd_smoke,
+    cmd_status,
 )
 from .nodes import Nodes, Runner, Streamer, valid_since
 from .stack import DsparkError, load
@@ -109,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reason", default="", help="pause: why (shown by status and the guard's /status)")
     sp.add_argument("--for", dest="for_", type=_duration, metavar="DURATION",
                     help="pause: end the pause by itself after this long (30m, 2h, 1d)")
+    sp = add("diagnose", cmd_diagnose, "one support file (.tar.gz) for an issue: versions, plan, outputs, status, "
+             "doctor, logs, guard, last up; no secret")  # fmt: skip
+    sp.add_argument("--out", metavar="FILE", help="the file (or a folder for it) (default "
+                    "diagnose-<stack>-<UTC timestamp>.tar.gz)")  # fmt: skip
+    sp.add_argument("--timeout", type=_positive, default=cmd_diagnose.TIMEOUT,
+                    help="seconds for the nodes (default 60); a node that does not answer is given up on")
+    sp.add_argument("--tail", type=cmd_bench.positive_int, default=cmd_diagnose.TAIL, metavar="N",
+                    help="last lines of each log (default 2000)")
+    sp.add_argument("--up-log", metavar="FILE", help="what the last `pulumi up` printed, saved by you")
     return p
 
 
@@ -151,6 +161,9 @@ def main(
             return cmd_bench.run(stack, args.json, out, err, concurrency=args.concurrency, out_dir=args.out,
                                  tokenizer=args.tokenizer, pp=args.pp, tg=args.tg, runs=args.runs,
                                  timeout=args.timeout, extra_args=args.extra_args)  # fmt: skip
+        if args.command == "diagnose":
+            return cmd_diagnose.run(stack, out, err, runner=runner, out_file=args.out, timeout=args.timeout,
+                                    tail=args.tail, up_log=args.up_log)  # fmt: skip
         nodes = Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer)
         if args.command == "status":
             return cmd_status.run(stack, nodes, args.json, out, watch=args.watch, count=args.count, sleep=sleep)

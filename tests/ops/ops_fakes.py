@@ -315,3 +315,86 @@ def outputs(path: Path, endpoint: str, revision: Optional[str], key: str = KEY, 
         data["client_config"] = {"base_url": endpoint, "api_key": key, "model": model}
     path.write_text(json.dumps(data))
     return str(path)
+
+
+# ---------------------------------------------------------------------------------- dspark diagnose
+
+
+class DiagnoseCluster(FakeCluster):
+    """FakeCluster plus what `dspark diagnose` asks: each node's versions, the first lines of a long log, the rails
+    its preflight finds; a host in `hang` never answers (until `release` is set)."""
+
+    VERSIONS = {"kernel": "6.11.0-1016-nvidia", "os": "Ubuntu 24.04.2 LTS", "docker": "28.3.3",
+                "driver": "580.95.05", "gpu": "NVIDIA GB10"}  # fmt: skip
+
+    def __init__(self, nodes: dict[str, FakeNode], hang: tuple[str, ...] = ()):
+        super().__init__(nodes)
+        self.hang = set(hang)
+        self.release = threading.Event()
+
+    def __call__(self, target: str, port: int, ssh_opts: list[str], remote: str) -> tuple[int, str]:
+        host = target.partition("@")[2]
+        if host in self.hang:
+            with self.lock:
+                self.calls.append((target, port, list(ssh_opts), remote))
+            self.release.wait(60)
+            return 255, f"ssh: connect to host {host} port {port}: Connection timed out\n"
+        return super().__call__(target, port, ssh_opts, remote)
+
+    def _script(self, node: FakeNode, script: str) -> tuple[int, str]:
+        from dspark import cmd_diagnose
+        from programs import rails
+
+        if script.startswith(cmd_diagnose.VERSIONS_MARK + "\n"):
+            names = re.findall(r"^printf '%s %s\\n' (\w+) ", script, re.M)
+            container = shlex.split(re.search(r"--format '\{\{\.Image\}\}' (\S+)\)", script).group(1))[0]
+            running = container in node.containers
+            values = {**self.VERSIONS,
+                      "container_image": "sha256:" + "ab12" * 16 if running else f"Error: No such object: {container}",
+                      "image": "sha256:" + "ab12" * 16 + ' ["registry/engine@sha256:' + "cd34" * 16 + '"]',
+                      "engine_version": "0.5.23" if running else f"Error response from daemon: No such container"}  # fmt: skip
+            return 0, "".join(f"{n} {values.get(n, '')}\n" for n in names)
+        m = re.fullmatch(r"docker logs (\S+) 2>&1 \| head -n (\d+)", script)
+        if m:
+            c = node.containers.get(shlex.split(m.group(1))[0])
+            lines = c.log.splitlines()[: int(m.group(2))] if c else [f"Error: No such container: {m.group(1)}"]
+            return 0, "".join(line + "\n" for line in lines)
+        code, out = super()._script(node, script)
+        if "preflight $node" in script:  # the rails its fabric check found
+            report = {"fabric_netdev": "enp1s0f1np1", "hca": "rocep1s0f1,roceP2p1s0f1", "socket_ifname": None,
+                      "gid_index": 3, "ports": {}, "rails": [
+                          {"hca": "rocep1s0f1", "netdev": "enp1s0f1np1", "pci": "0000:01:00.1", "state": "ACTIVE",
+                           "ip": "10.99.1.11", "gid_index": 3}]}  # fmt: skip
+            out += f"{rails.REPORT_PREFIX} {json.dumps(report, sort_keys=True)}\n"
+        return code, out
+
+
+def fake_pulumi(bindir: Path, answers: dict[str, object]) -> Path:
+    """A `pulumi` on PATH (put `bindir` first) that answers `pulumi <args> [--stack S]` from `answers`, keyed by the
+    args without `--stack S` ("stack output --json", "config --show-secrets --json", "version", ...): a string is
+    its stdout, anything else is printed as JSON; an unknown command fails. Each call's argv is appended to
+    `bindir/calls`."""
+    import sys
+
+    bindir.mkdir(parents=True, exist_ok=True)
+    (bindir / "answers.json").write_text(json.dumps(answers))
+    script = bindir / "pulumi"
+    script.write_text(f"#!{sys.executable}\n" + (
+        "import json, sys, pathlib\n"
+        "here = pathlib.Path(__file__).parent\n"
+        "args = sys.argv[1:]\n"
+        "with open(here / 'calls', 'a') as f:\n"
+        "    f.write(json.dumps(args) + '\\n')\n"
+        "if '--stack' in args:\n"
+        "    i = args.index('--stack')\n"
+        "    del args[i:i + 2]\n"
+        "answers = json.loads((here / 'answers.json').read_text())\n"
+        "key = ' '.join(args)\n"
+        "if key not in answers:\n"
+        "    sys.stderr.write('error: no answer for pulumi ' + key + '\\n')\n"
+        "    sys.exit(255)\n"
+        "value = answers[key]\n"
+        "sys.stdout.write(value if isinstance(value, str) else json.dumps(value))\n"
+    ))  # fmt: skip
+    script.chmod(0o755)
+    return script
