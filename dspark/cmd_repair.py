@@ -11,56 +11,18 @@ While the group's guard (serving.selfHeal) is restoring the group by itself, rep
 nothing touched): its refresh would see the ranks the guard stopped, and its `up` would replace the group
 under the guard.
 
-It runs the project's __main__.py through the Pulumi Automation API (inline program, the Pulumi CLI
-on PATH), with the same backend, secrets provider and policy packs as a user's `pulumi up`.
+It runs the project's program as `pulumi up` does (dspark/automation.py: the Automation API over the CLI in the
+project folder, the language host and the project's virtualenv), with the same backend, secrets provider and
+policy packs as a user's `pulumi up`; a failure names the resource and its error first.
 Exit: 0 no drift or repaired, 1 repair failed, 2 drift found (no --yes), 4 a config change is pending.
 """
 
 from __future__ import annotations
 
-import os
-import runpy
-import sys
 from typing import Callable, Optional, TextIO
 
-from .stack import DsparkError, Stack
-
-IGNORED = {"same", "refresh", "read"}  # steps that change nothing on a node
-
-
-def changes(summary: dict) -> dict[str, int]:
-    """{operation: count} of a preview's change summary, without the steps that change nothing."""
-    return {str(op): int(n) for op, n in (summary or {}).items() if str(op) not in IGNORED and n}
-
-
-def _describe(found: dict[str, int]) -> str:
-    return ", ".join(f"{n} to {op}" for op, n in sorted(found.items()))
-
-
-def failure_tail(exc: Exception, lines: int = 20) -> str:
-    """The last lines of a failed Automation API command (the CLI's own error is at the end)."""
-    return "\n".join(str(exc).strip().splitlines()[-lines:])
-
-
-def select_failure(stack: Stack, exc: Exception) -> DsparkError:
-    return DsparkError(f"cannot select stack {stack.name}: {failure_tail(exc, 1)}")
-
-
-def workspace_stack(stack: Stack):
-    """The stack through the Automation API, with __main__.py of the project as an inline program."""
-    from pulumi import automation as auto
-
-    project = stack.project_dir
-
-    def program() -> None:
-        os.chdir(project)  # as the language host runs it
-        if str(project) not in sys.path:
-            sys.path.insert(0, str(project))
-        runpy.run_path(str(project / "__main__.py"), run_name="__main__")
-
-    ws = auto.LocalWorkspace(work_dir=str(project), program=program)
-    return auto.Stack.select(stack.name, ws)
-
+from .automation import Diagnostics, changes, describe, failure, select_failure, workspace_stack
+from .stack import Stack
 
 HEALING = ("healing", "backoff", "waiting", "unhealthy")  # the guard is restoring the group itself
 
@@ -81,11 +43,12 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
         st = select(stack)
     except auto.CommandError as exc:
         raise select_failure(stack, exc) from None
-    opts = dict(policy_packs=policy_packs or None, color="never")
+    diagnostics = Diagnostics()
+    opts = dict(policy_packs=policy_packs or None, color="never", on_event=diagnostics)
     try:
         pending = changes(st.preview(**opts).change_summary)
         if pending:
-            out.write(f"{stack.short}: Pulumi.{stack.short}.yaml plans changes ({_describe(pending)}) that were "
+            out.write(f"{stack.short}: Pulumi.{stack.short}.yaml plans changes ({describe(pending)}) that were "
                       f"never applied; they need a reviewed `pulumi up --stack {stack.name}`, not a repair. "
                       "Nothing touched.\n")  # fmt: skip
             return 4
@@ -94,13 +57,13 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
             out.write(f"{stack.short}: no drift\n")
             return 0
         if not yes:
-            out.write(f"{stack.short}: drift found ({_describe(drift)}); run again with --yes to repair\n")
+            out.write(f"{stack.short}: drift found ({describe(drift)}); run again with --yes to repair\n")
             return 2
-        out.write(f"{stack.short}: drift found ({_describe(drift)}); repairing with `up --refresh`\n")
+        out.write(f"{stack.short}: drift found ({describe(drift)}); repairing with `up --refresh`\n")
         result = st.up(refresh=True, **opts)
     except auto.CommandError as exc:
-        err.write(f"{stack.short}: repair failed:\n{failure_tail(exc)}\n")
+        err.write(failure(stack, "repair", exc, diagnostics))
         return 1
     done = changes(result.summary.resource_changes or {})
-    out.write(f"{stack.short}: repaired ({_describe(done) or 'nothing changed'})\n")
+    out.write(f"{stack.short}: repaired ({describe(done) or 'nothing changed'})\n")
     return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, TextIO
 
-from .cmd_repair import _describe, changes, failure_tail, select_failure, workspace_stack
+from .automation import Diagnostics, changes, describe, failure, select_failure, workspace_stack
 from .stack import DsparkError, Stack
 
 
@@ -40,16 +40,17 @@ def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs:
     if not urns:
         raise DsparkError(f"{stack.short}: {what} has no generation in the stack's state: nothing to restart "
                           f"(run `pulumi up --stack {stack.name}` first)")  # fmt: skip
-    opts = dict(policy_packs=policy_packs or None, color="never")
+    diagnostics = Diagnostics()
+    opts = dict(policy_packs=policy_packs or None, color="never", on_event=diagnostics)
     try:
         if not yes:
             planned = changes(st.preview(replace=urns, **opts).change_summary)
-            out.write(f"{stack.short}: restarting {what} would do: {_describe(planned)}; run again with --yes\n")
+            out.write(f"{stack.short}: restarting {what} would do: {describe(planned)}; run again with --yes\n")
             return 2
         out.write(f"{stack.short}: restarting {what} (`pulumi up --replace {urns[0]}`)\n")
         result = st.up(replace=urns, **opts)
     except auto.CommandError as exc:
-        err.write(f"{stack.short}: restart failed:\n{failure_tail(exc)}\n")
+        err.write(failure(stack, "restart", exc, diagnostics))
         return 1
-    out.write(f"{stack.short}: restarted {what} ({_describe(changes(result.summary.resource_changes or {}))})\n")
+    out.write(f"{stack.short}: restarted {what} ({describe(changes(result.summary.resource_changes or {}))})\n")
     return 0

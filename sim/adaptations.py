@@ -60,11 +60,17 @@ ADAPTATIONS: list[Adaptation] = [
                "`context deadline exceeded` but the docker call is left to finish instead of being cancelled",
                "a smaller double; `python -m sim.grpctrace diff` against a real plugin's trace shows each difference "
                "(README)", "sim/providers/docker.py, sim/providers/docker_schema.py, sim/providers/base.py"),
-    Adaptation("`pulumi preview`/`up` run __main__.py as an Automation API inline program (the CLI connects "
-               "to the test process's language server) instead of through pulumi-language-python; the policy "
-               "pack runs as a binary analyzer (`--policy-pack policy/analyzer`), the same pack code",
-               "the Go module proxy refuses the pulumi-language-python module (403)",
-               "dspark/inline.py, policy/analyzer"),
+    Adaptation("the Python language host the CLI starts is the pulumi-language-python TEST DOUBLE (a gRPC "
+               "LanguageRuntime in Python, linked next to the CLI by .ci/engine-setup): it runs __main__.py with the "
+               "REAL pulumi-language-python-exec of the sdk/v3 v3.274.1 module in the project's virtualenv, and policy "
+               "packs through RunPlugin behind v3.274.1's policy proxy, following main.go (v3.260, the newest the "
+               "source mirror holds) and the v3.274.1 toolchain. It differs: the pip toolchain only (uv, poetry and "
+               "pyenv are refused with a message); no debugpy; GenerateProgram/Project/Package, Pack and Link are "
+               "Unimplemented (Go codegen in the real host); no trace spans of its own; it finds the exec script in "
+               "the Go module cache, not next to its binary; Cancel interrupts only the programs running then; an "
+               "error of its own shows as a Python traceback",
+               "the Go module proxy refuses github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3 (403); "
+               "its Python half ships in the sdk/v3 module the CLI build downloads", "sim/languagehost"),
     Adaptation("checkpoint shared as a local bind on every node (share.mode: local), not NFS",
                "the test machine's kernel has no NFS client or server", "Pulumi.sim.yaml"),
     Adaptation("rank containers keep memlock=-1 and nofile=1048576 in their inputs, but each node's engine "

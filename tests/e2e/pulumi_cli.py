@@ -5,10 +5,12 @@ file backend and the passphrase secrets provider, as a user would set them up.
     p.preview(diff=True, policy_pack=True).text          # what a reviewer reads
     p.up(); p.outputs(); p.refresh(); p.destroy()
 
-`preview`/`up` run __main__.py through dspark/inline.py (the Automation API's inline program)
-because pulumi-language-python cannot be built here; every other command is the plain CLI. The
-docker and command resource plugins on PATH are the TEST DOUBLES in sim/providers, the only ones
-the engine can find (automatic plugin downloads are off).
+Every command is the plain CLI, run in the project folder as a user types it: `pulumi preview --diff
+--policy-pack policy`, `pulumi up --yes`, ... The CLI starts the Python language host (the TEST DOUBLE
+sim/languagehost, linked next to the CLI by .ci/engine-setup), which runs __main__.py in the project's
+virtualenv (`.venv`, the repository's) with the real pulumi-language-python-exec, and the policy pack in
+policy/.venv. The docker and command resource plugins on PATH are the TEST DOUBLES in sim/providers, the
+only ones the engine can find (automatic plugin downloads are off).
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark import inline
+from dspark import engine as pulumi_engine
 from e2e.timings import TIMINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSPHRASE = "e2e-only-passphrase"  # protects a throwaway test stack's secrets, nothing else
-# The pack as a binary analyzer: without pulumi-language-python the CLI cannot start `policy` itself.
-POLICY_PACK = "policy/analyzer"
-LINKED = ("__main__.py", "declared", "planning", "components", "programs", "dspark", "policy", "sim")  # the project's code, shared with the repo
+POLICY_PACK = "policy"  # the pack (PulumiPolicy.yaml), run by the language host in policy/.venv
+EVENT_LOG = {"PULUMI_DEBUG_COMMANDS": "true"}  # what makes preview and up take --event-log (as the Automation API sets)
+# the project's code and its virtualenv (Pulumi.yaml: `.venv`), shared with the repository
+LINKED = ("__main__.py", "declared", "planning", "components", "programs", "dspark", "policy", "sim", ".venv")
 
 
 def engine_dir() -> Path | None:
@@ -60,11 +63,11 @@ class PulumiProject:
     def __init__(self, work_dir: Path, stack: str, engine: Path):
         self.work_dir, self.stack, self.engine = work_dir, stack, engine
         # everything the scenario showed a user: every command's output, and the engine's events of every
-        # preview/up (dspark/inline.py --event-log; this CLI's refresh and destroy take no --event-log)
+        # preview/up (`--event-log`, a file each; this CLI's refresh and destroy take no --event-log)
         self.transcript: list[str] = []
-        self.event_log = work_dir.parent / "events.jsonl"
-        self.env = inline.environment(engine, work_dir.parent / "state", work_dir.parent / "pulumi-home",
-                                      {"PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}, sim_plugins=True)
+        self.event_logs = 0
+        self.env = pulumi_engine.environment(engine, work_dir.parent / "state", work_dir.parent / "pulumi-home",
+                                             {"PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}, sim_plugins=True)
 
     @classmethod
     def create(cls, base: Path, stack: str, engine: Path, secrets: dict[str, str]) -> "PulumiProject":
@@ -104,32 +107,34 @@ class PulumiProject:
         """The event log files of the scenario so far, as text."""
         return [f.read_text() for f in sorted(self.work_dir.parent.glob("events*.jsonl"))]
 
-    def _inline_argv(self, op: str, diff: bool = False, policy_pack: bool = False,
-                     policy_config: Path | None = None) -> list[str]:  # fmt: skip
-        argv = [sys.executable, str(ROOT / "dspark/inline.py"), op, "--stack", self.stack,
-                "--work-dir", str(self.work_dir), "--event-log", str(self.event_log)]  # fmt: skip
-        argv += ["--policy-pack-config", str(policy_config)] if policy_config else []
-        argv += ["--diff"] if diff else []
+    def _argv(self, op: str, diff: bool = False, policy_pack: bool = False,
+              policy_config: Path | None = None) -> list[str]:  # fmt: skip
+        """`pulumi preview|up ...` as a user types it in the project folder (up: `--yes --skip-preview`, the preview
+        being a command of its own), its events into a log file of its own."""
+        self.event_logs += 1
+        log = self.work_dir.parent / f"events-{self.event_logs:03d}.jsonl"
+        argv = [op, *(["--yes", "--skip-preview"] if op == "up" else []), *(["--diff"] if diff else [])]
         argv += ["--policy-pack", POLICY_PACK] if policy_pack else []
-        return argv
+        argv += ["--policy-pack-config", str(policy_config)] if policy_config else []
+        return [str(self.engine / "pulumi"), *argv, "--event-log", str(log), "--stack", self.stack, "--non-interactive"]
 
-    def _inline(self, op: str, diff: bool, policy_pack: bool, timeout: float = 900,
+    def _engine(self, op: str, diff: bool, policy_pack: bool, timeout: float = 900,
                 policy_config: Path | None = None, env: dict[str, str] | None = None) -> Run:  # fmt: skip
-        label = [op] + (["--diff"] if diff else []) + (["--policy-pack", POLICY_PACK] if policy_pack else [])
-        return self._run(self._inline_argv(op, diff, policy_pack, policy_config), label, None, timeout, env)
+        argv = self._argv(op, diff, policy_pack, policy_config)
+        return self._run(argv, argv[1:argv.index("--event-log")], None, timeout, {**EVENT_LOG, **(env or {})})
 
     def up_in_background(self) -> subprocess.Popen:
         """`up` left running (to break a node under it); read its output with communicate()."""
-        return subprocess.Popen(self._inline_argv("up"), cwd=self.work_dir, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        return subprocess.Popen(self._argv("up"), cwd=self.work_dir, env={**self.env, **EVENT_LOG},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
     def preview(self, diff: bool = True, policy_pack: bool = True, policy_config: Path | None = None) -> Run:
-        return self._inline("preview", diff, policy_pack, policy_config=policy_config)
+        return self._engine("preview", diff, policy_pack, policy_config=policy_config)
 
     def up(self, policy_pack: bool = True, diff: bool = False, timeout: float = 900, grpc_log: Path | None = None) -> Run:
         """`up`; with `grpc_log`, the CLI records its gRPC traffic there (PULUMI_DEBUG_GRPC: secrets in plain text)."""
         env = {"PULUMI_DEBUG_GRPC": str(grpc_log)} if grpc_log else None
-        return self._inline("up", diff, policy_pack, timeout=timeout, env=env)
+        return self._engine("up", diff, policy_pack, timeout=timeout, env=env)
 
     def refresh(self) -> Run:
         return self.cli("refresh", "--yes", "--diff")

@@ -104,7 +104,7 @@ def test_a_stopped_rank_is_found_and_the_suggested_repair_works(up, project):
 def test_repair_puts_back_drift_and_refuses_a_change_nobody_applied(up, project):
     """`dspark repair` as a timer runs it: nothing to do; a stopped rank repaired; a merged but
     unapplied config change left alone."""
-    pack = ("--policy-pack", "policy/analyzer")
+    pack = ("--policy-pack", "policy")
     code, out = dspark(project, "repair", "--yes", *pack)
     assert code == 0 and "no drift" in out, out
     node_sh("spark2", "docker stop sim-rank1 >/dev/null")
@@ -149,6 +149,10 @@ def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_
         assert run.code != 0 and "rank 1 (sim-rank1 on root@172.30.99.12) was created but never started" in run.text
         assert f"python -m dspark restart --stack {STACK} --yes" in run.text
         assert node_sh("spark2", "docker inspect -f '{{.State.Status}}' sim-rank1").strip() == "created"
+        code, out = dspark(project, "restart", "--yes")  # before the cause is fixed: it fails, and says where first
+        first = out.split(f"{STACK}: restart failed:", 1)[1].strip().splitlines()[:3]
+        assert code == 1 and first[0] == "sim-sglang-rank1 (docker:index/container:Container):", out[-3000:]
+        assert "unsatisfied condition: cuda>=13.1" in "\n".join(first[1:]), out[-3000:]
     finally:
         sim_cluster.gpu_fault(CLUSTER, "spark2", None, log=lambda m: None)
     t0 = time.time()

@@ -819,7 +819,7 @@ def repair(plans, yes=True, up_changes=None):
 
     fake = FakeAutoStack(plans, up_changes)
     out, err = io.StringIO(), io.StringIO()
-    code = cmd_repair.run(load("tp4", ROOT), out, err, yes=yes, policy_packs=["policy/analyzer"],
+    code = cmd_repair.run(load("tp4", ROOT), out, err, yes=yes, policy_packs=["policy"],
                           select=lambda s: fake)  # fmt: skip
     return code, out.getvalue(), fake.calls
 
@@ -852,7 +852,7 @@ def test_repair_reports_drift_and_repairs_only_with_yes():
     code, out, calls = repair([{"same": 30}, {"same": 22, "replace": 8}], up_changes={"same": 22, "replace": 8})
     assert code == 0 and "repaired (8 to replace)" in out
     assert calls[-1][0] == "up" and calls[-1][1]["refresh"] is True
-    assert all(kw["policy_packs"] == ["policy/analyzer"] for _, kw in calls)
+    assert all(kw["policy_packs"] == ["policy"] and callable(kw["on_event"]) for _, kw in calls)
 
 
 # ------------------------------------------------------------------------------------------ restart
@@ -888,10 +888,46 @@ def test_restart_replaces_the_groups_generation_and_shows_the_preview_without_ye
     resources = [{"urn": GEN}, {"urn": RANK1, "initErrors": ["creating ...: Unable to start container"]}]
     code, out, calls = restart([], resources, up_changes={"replace": 6})
     assert code == 0 and f"--replace {GEN}" in out and "restarted the serving group (6 to replace)" in out
-    assert calls == [("up", {"replace": [GEN], "policy_packs": None, "color": "never"})]
+    assert without_events(calls) == [("up", {"replace": [GEN], "policy_packs": None, "color": "never"})]
     code, out, calls = restart([{"same": 34, "replace": 6}], resources, yes=False)
-    assert code == 2 and "would do: 6 to replace" in out and calls == [
+    assert code == 2 and "would do: 6 to replace" in out and without_events(calls) == [
         ("preview", {"replace": [GEN], "policy_packs": None, "color": "never"})]
+
+
+def without_events(calls):
+    """The calls' options but the event callback (every run passes one: the failure's diagnostics)."""
+    return [(op, {k: v for k, v in kw.items() if k != "on_event"}) for op, kw in calls]
+
+
+class FailingStack(FakeRestartStack):
+    """An `up` that fails as the engine reports it: error diagnostics (a resource's, then the update's) as events,
+    then the Automation API's CommandError, whose text ends with the CLI's last lines."""
+
+    def up(self, **kw):
+        from pulumi import automation as auto
+        from pulumi.automation._cmd import CommandResult
+        from pulumi.automation.events import DiagnosticEvent, EngineEvent
+
+        for urn, message in ((RANK1, "error: creating container: Unable to start container: nvidia-container-cli: "
+                                     "requirement error: unsatisfied condition: cuda>=13.1\n  (the node's driver)"),
+                             ("", "error: update failed")):  # fmt: skip
+            kw["on_event"](EngineEvent(1, 0, diagnostic_event=DiagnosticEvent(message, "never", "error", urn=urn or None)))
+        raise auto.CommandError(CommandResult(
+            "\n".join(f"output line {i}" for i in range(60)) + "\nResources:\n    33 unchanged\n", "error: update failed", 255))
+
+
+def test_a_failed_restart_names_the_failing_resource_and_its_error_first():
+    from dspark import cmd_restart
+    from dspark.stack import load
+
+    out, err = io.StringIO(), io.StringIO()
+    code = cmd_restart.run(load("tp4", ROOT), out, err, yes=True, select=lambda s: FailingStack([], [{"urn": GEN}]))
+    lines = err.getvalue().splitlines()
+    assert code == 1 and lines[0] == "tp4: restart failed:"
+    assert lines[1] == "  tp4-sglang-rank1 (docker:index/container:Container):"
+    assert "unsatisfied condition: cuda>=13.1" in lines[2] and lines[3].strip() == "(the node's driver)"
+    assert lines[4].strip() == "error: update failed"  # the engine's own, after the resource's
+    assert "output line 0" not in err.getvalue()  # then only the end of what the engine printed
 
 
 def test_restart_of_a_stack_never_brought_up_says_so():
