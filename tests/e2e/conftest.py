@@ -285,3 +285,18 @@ def pytest_terminal_summary(terminalreporter):
         for name, marks in HEALS.items():
             terminalreporter.write_line(f"{name:45s} " + " ".join(
                 f"{marks[c]:10.1f}" if marks.get(c) is not None else f"{'-':>10s}" for c in cols))
+
+
+def read_diagnose(path: Path) -> dict[str, str]:
+    """`dspark diagnose`'s file: member (without its top folder) -> text, in the file's order."""
+    import tarfile
+
+    with tarfile.open(path, "r:gz") as tar:
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+
+
+def secret_forms(secret: str) -> list[str]:
+    """A secret as the support file must hold it in none of its forms: itself, a slice, base64."""
+    import base64
+
+    return [secret, secret[4:20], base64.b64encode(secret.encode()).decode()]

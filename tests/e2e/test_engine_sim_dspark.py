@@ -6,18 +6,23 @@ files -> a rank stopped:
 status says down and how to repair, doctor and logs name it -> the repair it suggests
 (`pulumi refresh` + `up`) makes status healthy again -> `dspark repair` (the timer's command) repairs a
 stopped rank by itself and refuses a config change nobody applied -> a rank that never starts (the GPU
-hook refuses it) is down at once and `dspark restart` starts the whole group over -> destroy keeps the checkpoint, the
+hook refuses it) is down at once and `dspark restart` starts the whole group over -> `dspark diagnose` writes its
+support file (every part, no secret), and completes naming a stopped node -> destroy keeps the checkpoint, the
 shards and the compile caches, and no API key was in any output or event log of the whole scenario.
 """
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
+from e2e import healing
 from e2e.conftest import (
-    CLUSTER, container_events, containers_of, dspark, first_event, monitoring_of, node_sh, shard_mtimes,
+    CLUSTER, container_events, containers_of, dspark, first_event, monitoring_of, node_sh, read_diagnose,
+    secret_forms, shard_mtimes,
 )  # fmt: skip
+from sim import cluster as sim_cluster
 from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
@@ -166,6 +171,51 @@ def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_
     assert not set(containers_of(STACK).values()) & set(before.values())
     code, out = dspark(project, "status", "--json")
     assert code == 0 and json.loads(out)["verdict"] == "healthy", out
+
+
+def test_diagnose_holds_each_part_and_no_secret(up, project, tmp_path):
+    t0 = time.monotonic()
+    code, text = dspark(project, "diagnose", "--out", str(tmp_path / "d.tar.gz"))
+    TIMINGS["dspark diagnose (3 nodes)"] = time.monotonic() - t0
+    assert code == 0, text
+    m = read_diagnose(tmp_path / "d.tar.gz")
+    assert list(m)[:2] == ["SUMMARY.md", "diagnose.json"]
+    for name in ("versions.json", "config.json", "plan.json", "outputs.json", "status.json", "doctor.json",
+                 "guard/journal.json", "last-up.json", *(f"logs/rank{i}-{n}.log" for i, n in enumerate(NODES)),
+                 *(f"nccl/rank{i}-{n}.log" for i, n in enumerate(NODES))):  # fmt: skip
+        assert name in m, (name, list(m))
+    v = json.loads(m["versions.json"])
+    assert v["local"]["pulumi"]["version"].startswith("v3.")
+    assert all(n["kernel"] and n["docker"] and n["container_image"].startswith("sha256:") for n in v["nodes"]), v
+    assert json.loads(m["plan.json"])["group_revision"] == project.outputs()["group_revision"]
+    assert json.loads(m["status.json"])["verdict"] == "healthy"
+    doc = json.loads(m["doctor.json"])
+    assert all(n["fabric"]["rails"] for n in doc["nodes"]) and doc["fabric_gate"]
+    assert json.loads(m["guard/journal.json"])["state"] == "serving"
+    assert json.loads(m["last-up.json"])["update"]["result"] == "succeeded"
+    key = Path(sim_cluster.ssh_info(CLUSTER).private_key).read_text()
+    blob = "\n".join(m.values())
+    for secret in (project.api_key, project.webhook, *(ln for ln in key.splitlines() if len(ln) > 16 and "---" not in ln)):
+        assert not any(form in blob for form in secret_forms(secret)), "a secret in the support file"
+    assert "redacted" in m["SUMMARY.md"]
+
+
+def test_diagnose_with_a_node_stopped_completes_and_names_it(up, project, tmp_path):
+    assert dspark(project, "guard", "pause", "--reason", "diagnose with a node stopped")[0] == 0
+    sim_cluster.stop_node(CLUSTER, "spark3", log=lambda m: None)
+    try:
+        t0 = time.monotonic()
+        code, text = dspark(project, "diagnose", "--out", str(tmp_path / "d.tar.gz"), "--timeout", "30")
+        TIMINGS["dspark diagnose, spark3 stopped (--timeout 30)"] = time.monotonic() - t0
+    finally:
+        sim_cluster.start_node(CLUSTER, "spark3", log=lambda m: None)
+    assert code == 0 and "spark3" in text, text
+    m = read_diagnose(tmp_path / "d.tar.gz")
+    assert "spark3 did not answer" in m["SUMMARY.md"], m["SUMMARY.md"][:3000]
+    assert [a["answered"] for a in json.loads(m["diagnose.json"])["nodes"]] == [True, True, False]
+    assert m["logs/rank0-spark1.log"].strip()
+    assert dspark(project, "guard", "resume")[0] == 0  # the guard brings the group back (spark3 rebooted)
+    healing.wait_guard("http://172.30.99.11:9850", lambda s: s["state"] == "serving", timeout=180, what="serve")
 
 
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):

@@ -26,7 +26,9 @@ import pytest
 
 from dspark import dashboard
 from e2e import observing
-from e2e.conftest import containers_of, monitoring_of, node_sh, openai_client, resources_summary
+from e2e.conftest import (
+    containers_of, dspark, monitoring_of, node_sh, openai_client, read_diagnose, resources_summary, secret_forms,
+)  # fmt: skip
 from e2e.timings import TIMINGS
 
 pytestmark = pytest.mark.e2e
@@ -322,6 +324,25 @@ def test_after_a_power_cut_the_gateway_and_the_group_come_back_with_keys_revocat
     assert requests_of(after, "alice") > requests_of(before, "alice") and requests_of(after, "bob") == requests_of(before, "bob")
     preview = project.preview(policy_pack=False).check()
     assert "unchanged" in resources_summary(preview.text) and "to replace" not in preview.text
+
+
+def test_diagnose_holds_the_gateway_and_none_of_its_secrets(first, project, tmp_path):
+    """Every secret of the team stack, the gateway's database password too (only the state holds it), is in no form
+    in the support file."""
+    code, text = dspark(project, "diagnose", "--out", str(tmp_path / "d.tar.gz"))
+    assert code == 0, text
+    m = read_diagnose(tmp_path / "d.tar.gz")
+    assert "logs/gateway-spark1.log" in m and "logs/gateway-db-spark1.log" in m, list(m)
+    outs = project.outputs()
+    state = json.loads(project.cli("stack", "export", "--show-secrets").check().text)
+    db = next(json.loads(r["outputs"]["stdout"]["plaintext"]).strip() if isinstance(r["outputs"]["stdout"], dict)
+              else r["outputs"]["stdout"].strip() for r in state["deployment"]["resources"]
+              if r["urn"].endswith("::sim-team-gateway-db-password"))  # fmt: skip
+    blob = "\n".join(m.values())
+    for secret in (project.api_key, project.webhook, outs["gateway"]["admin_key"], outs["gateway"]["metrics_key"], db,
+                   *(c["api_key"] for c in outs["member_configs"].values())):  # fmt: skip
+        assert not any(form in blob for form in secret_forms(secret)), "a secret of the team stack in the support file"
+    assert json.loads(m["diagnose.json"])["redaction"]["gateway-db-password"]["values_known"] == 1
 
 
 def test_second_up_changes_nothing(first, project):

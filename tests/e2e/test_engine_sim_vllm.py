@@ -6,6 +6,7 @@ first: it depends on its head) before the new Ray head starts, then the worker j
 and its worker killed and healed -> destroy keeps the checkpoint.
 """
 
+import json
 import time
 import urllib.request
 
@@ -13,7 +14,8 @@ import openai
 import pytest
 
 from e2e.conftest import (
-    ask, client_env, container_events, containers_of, first_event, node_sh, openai_client, resources_summary,
+    ask, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client, read_diagnose,
+    resources_summary, secret_forms,
 )  # fmt: skip
 from e2e import healing
 from e2e.timings import TIMINGS
@@ -125,6 +127,18 @@ def test_the_mp_backend_serves_without_ray(first, project):
     project.cli("config", "rm", "--path", "deepseek-spark:cluster.serving.distributedExecutorBackend").check()
     project.up().check()
     assert "42" in ask(first[1])
+
+
+def test_diagnose_holds_both_ranks_boot_logs_and_no_secret(first, project, tmp_path):
+    code, text = dspark(project, "diagnose", "--out", str(tmp_path / "d.tar.gz"))
+    assert code == 0, text
+    m = read_diagnose(tmp_path / "d.tar.gz")
+    assert [n["engine"] for n in json.loads(m["versions.json"])["nodes"]][:1] == ["vllm"]
+    for i, node in enumerate(NODES):
+        assert m[f"logs/rank{i}-{node}.log"].strip(), f"rank {i}'s log"
+    assert json.loads(m["status.json"])["verdict"] == "healthy"
+    blob = "\n".join(m.values())
+    assert not any(form in blob for form in secret_forms(project.api_key)), "the API key in the support file"
 
 
 def test_destroy_keeps_the_checkpoint(first, project):
