@@ -400,7 +400,8 @@ SECRET_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
 }  # fmt: skip
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _FLAG_LITERAL = re.compile(r"--api-key(?:=|\s+)(?![\"']?\$)([\"']?)([^\s\"';|&)]{8,})")
-_BEARER_LITERAL = re.compile(r"Bearer\s+(?![\"']?\$)[A-Za-z0-9._~+/=-]{12,}")
+# a token after `Bearer` on the same line (a header); not `type: Bearer` then a YAML key on the next line
+_BEARER_LITERAL = re.compile(r"Bearer[ \t]+(?![\"']?\$)[A-Za-z0-9._~+/=-]{12,}(?![A-Za-z0-9._~+/=:-])")
 _SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIALS"}
 
 

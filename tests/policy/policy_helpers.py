@@ -21,7 +21,7 @@ from pulumi_policy.proxy import unknown_checking_proxy  # noqa: E402
 import guardrails  # noqa: E402
 from harness import TEST_API_KEY, TEST_SSH_KEY, Recording, Registered, cluster_of, reveal  # noqa: E402
 
-STACKS = ("tp3", "tp4", "tp2", "sim", "tp4x2", "sim-x2")
+STACKS = ("tp3", "tp4", "tp2", "sim", "tp4x2", "sim-x2", "sim-team")
 
 
 def stack_config(stack: str) -> dict[str, str]:

@@ -289,6 +289,8 @@ def test_secret_shaped_values_are_refused_even_when_not_in_the_stack_config(reco
         changed(readiness, create="curl -H 'Authorization: Bearer abcdefghijklmnop0123' http://10.0.0.1:8888/v1/models"),
     )
     assert len(found) == 1 and "bearer token" in found[0]
+    scrape = "authorization:\n  type: Bearer\n  credentials_file: /run/dspark-monitoring/gateway-metrics-key\n"
+    assert run_policy("no-secrets-in-plain-inputs", changed(readiness, create=f"cat > /x <<'E'\n{scrape}E\n")) == []
     rank = rec.named("tp4-sglang-rank1")
     found = run_policy("no-secrets-in-plain-inputs", changed(rank, envs=[*rank.plain["envs"], "HF_TOKEN=hf_abcdef"]))
     assert len(found) == 1 and "env HF_TOKEN" in found[0]
