@@ -155,7 +155,7 @@ def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_
         assert f"python -m dspark restart --stack {STACK} --yes" in run.text
         assert node_sh("spark2", "docker inspect -f '{{.State.Status}}' sim-rank1").strip() == "created"
         code, out = dspark(project, "restart", "--yes")  # before the cause is fixed: it fails, and says where first
-        first = out.split(f"{STACK}: restart failed:", 1)[1].strip().splitlines()[:3]
+        first = out.split(f"{STACK}: restart failed:", 1)[1].strip().splitlines()[:5]
         assert code == 1 and first[0] == "sim-sglang-rank1 (docker:index/container:Container):", out[-3000:]
         assert "unsatisfied condition: cuda>=13.1" in "\n".join(first[1:]), out[-3000:]
     finally:

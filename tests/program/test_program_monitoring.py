@@ -22,7 +22,7 @@ def team():
 
 
 def test_every_node_runs_a_node_exporter_from_the_image_built_there(team):
-    exporters = team.containers("node-exporter")
+    exporters = sorted(team.containers("node-exporter"), key=lambda e: e.name)  # (registered as their images resolve)
     assert [(e.plain["name"], e.name) for e in exporters] == [
         ("sim-team-node-exporter", "sim-team-monitoring-spark1-node-exporter"),
         ("sim-team-node-exporter", "sim-team-monitoring-spark2-node-exporter")]  # fmt: skip

@@ -73,7 +73,7 @@ def test_sshd_drops_a_burst_past_max_startups_and_the_programs_shared_connection
     connection per node) carry the same burst of docker calls once the master is up, sessions past MaxSessions
     (10) falling back to their own connections."""
     from declared.config import parse_cluster
-    from harness import cluster_of
+    from harness import group_of
     from planning import commands
 
     import shutil
@@ -86,7 +86,7 @@ def test_sshd_drops_a_burst_past_max_startups_and_the_programs_shared_connection
     dropped = [r for r in plain if r.returncode != 0]
     assert dropped and all("kex_exchange_identification" in r.stderr or "Connection reset" in r.stderr
                            or "Connection closed" in r.stderr for r in dropped), [r.stderr for r in dropped][:3]
-    raw = cluster_of("sim")
+    raw = group_of("sim")
     raw["ssh"] = {**raw.get("ssh", {}), "controlPath": str(tmp_path / "cm-%C")}
     program = commands.ssh_opts(parse_cluster(raw))
     opts = [o for o in program if "Control" in o]
