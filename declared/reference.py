@@ -1,6 +1,6 @@
 """The configuration reference, generated from the stack config's schema (`cluster`: one group's fields;
 `stack`: the stack's own): every field of `deepseek-spark:cluster` (type, default, bounds, engine,
-description), then the secrets.
+description), then the secrets (`settings.SECRETS`).
 
     python -m declared.reference [--out docs/configuration.md]   # write the page
     python -m declared.reference --check                         # exit 1 and a diff when the page is stale
@@ -30,7 +30,7 @@ from pydantic.fields import FieldInfo
 from .cluster import (
     CLUSTER_KEY, ENGINE_DEFAULTS, PROJECT, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, ServingConfig,
 )  # fmt: skip
-from .settings import ALERT_WEBHOOK, API_KEY, HF_TOKEN, MEMBER_KEYS, SSH_KEY
+from .settings import SECRETS
 from .stack import GROUP_FIELDS, GROUP_NAME, GroupEntry, StackConfig, _merge
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -39,21 +39,6 @@ SCHEMA = ("declared/cluster.py", "declared/stack.py")  # where the page comes fr
 ENGINES = {"sglang": "SGLang", "vllm": "vLLM"}  # the schema's engine names, as the page writes them
 BOTH = "both"
 HEAD = ["| field | type | default | bounds | engine | description |", "|---|---|---|---|---|---|"]
-_P, _S = PROJECT, "--stack <stack>"
-# (key, needed, what it holds, the rest of `pulumi config set --secret`): what settings.load and
-# settings.parse_member_keys print (tests/unit/test_config_reference.py holds them to it).
-SECRETS = (
-    (API_KEY, "required", "the key every request to the endpoint (the groups, the router) must carry",
-     f'{_P}:{API_KEY} "$(openssl rand -hex 32)" {_S}'),
-    (SSH_KEY, "optional", "the nodes' ssh private key (default: ssh-agent)",
-     f"{_P}:{SSH_KEY} {_S} < ~/.ssh/id_ed25519"),
-    (HF_TOKEN, "optional", "the Hugging Face token for `model.source: download`",
-     f'{_P}:{HF_TOKEN} {_S} "$HF_TOKEN"'),
-    (MEMBER_KEYS, "optional", "member -> key for `gateway.members` (default: generated), `sk-` and 32 to 200 "
-     "of `[A-Za-z0-9_-]`", f"--path '{_P}:{MEMBER_KEYS}.<member>' \"sk-$(openssl rand -hex 32)\" {_S}"),
-    (ALERT_WEBHOOK, "optional", "where Alertmanager sends alerts (`monitoring.server`)",
-     f'{_P}:{ALERT_WEBHOOK} {_S} "https://hooks.slack.com/services/..."'),
-)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +226,7 @@ def render(cluster: type = ClusterConfig) -> str:
             out += [*HEAD, *_rows(sec, links), ""]
     out += ["## Secrets", "", f"Keys of their own beside `{PROJECT}:{CLUSTER_KEY}`, each stored as a Pulumi "
             "secret (a plain value is refused).", "", "| key | needed | what | command |", "|---|---|---|---|"]
-    out += [_row(f"`{_P}:{k}`", need, what, f"`pulumi config set --secret {cmd}`") for k, need, what, cmd in SECRETS]
+    out += [_row(f"`{PROJECT}:{s.key}`", s.needed, s.about, f"`{s.command()}`") for s in SECRETS]
     return "\n".join(out) + "\n"
 
 

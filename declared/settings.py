@@ -1,5 +1,6 @@
 """Reading the stack config from Pulumi: `load()` (the only reader of `pulumi.Config`) validates
-`deepseek-spark:cluster` (`stack.parse_stack`) and the secrets beside it, pins the nodes' host
+`deepseek-spark:cluster` (`stack.parse_stack`) and the secrets beside it (`SECRETS`: each key with the
+`pulumi config set` command its messages and the configuration reference print), pins the nodes' host
 keys and checks what the program needs where Pulumi runs (the docker engine of `router.node: local`,
 the ssh agent, ssh's ControlPath directory).
 """
@@ -23,6 +24,35 @@ HF_TOKEN = "hfToken"
 MEMBER_KEYS = "memberKeys"  # optional secret map member -> key (else each member's key is generated)
 ALERT_WEBHOOK = "alertWebhook"  # optional secret: where Alertmanager sends alerts (monitoring.server)
 
+
+@dataclass(frozen=True)
+class Secret:
+    """A key of its own beside `deepseek-spark:cluster`, always stored as a Pulumi secret."""
+
+    key: str
+    needed: str  # "required" or "optional"
+    about: str  # what it holds, for the configuration reference
+    args: str  # what follows `pulumi config set --secret`: <stack> (and <member>) stand for the values
+
+    def command(self, stack: str = "<stack>") -> str:
+        """The command that sets it, for `stack` (the reference prints it for `<stack>`)."""
+        return f"pulumi config set --secret {self.args}".replace("<stack>", stack)
+
+
+SECRETS = (
+    Secret(API_KEY, "required", "the key every request to the endpoint (the groups, the router) must carry",
+           f'{PROJECT}:{API_KEY} "$(openssl rand -hex 32)" --stack <stack>'),
+    Secret(SSH_KEY, "optional", "the nodes' ssh private key (default: ssh-agent)",
+           f"{PROJECT}:{SSH_KEY} --stack <stack> < ~/.ssh/id_ed25519"),
+    Secret(HF_TOKEN, "optional", "the Hugging Face token for `model.source: download`",
+           f'{PROJECT}:{HF_TOKEN} --stack <stack> "$HF_TOKEN"'),
+    Secret(MEMBER_KEYS, "optional", "member -> key for `gateway.members` (default: generated), `sk-` and 32 to 200 "
+           "of `[A-Za-z0-9_-]`",
+           f"--path '{PROJECT}:{MEMBER_KEYS}.<member>' \"sk-$(openssl rand -hex 32)\" --stack <stack>"),
+    Secret(ALERT_WEBHOOK, "optional", "where Alertmanager sends alerts (`monitoring.server`)",
+           f'{PROJECT}:{ALERT_WEBHOOK} --stack <stack> "https://hooks.slack.com/services/..."'),
+)  # fmt: skip
+SECRET = {s.key: s for s in SECRETS}
 
 # router.node: local runs on the docker engine where Pulumi runs, here (pulumi-docker pings it when it
 # configures, preview too)
@@ -148,7 +178,7 @@ def load() -> Settings:
         raise ConfigError("remote commands cannot verify these nodes:\n  " + "\n  ".join(problems))
     local_router_problem(stack_config)
 
-    set_key = f'pulumi config set --secret {PROJECT}:{API_KEY} "$(openssl rand -hex 32)" --stack {stack}'
+    set_key = SECRET[API_KEY].command(stack)
     key = pulumi.runtime.get_config(f"{PROJECT}:{API_KEY}")
     if key is None:
         raise ConfigError(f"{PROJECT}:{API_KEY} is not set; the endpoint must require a key. Run:\n  {set_key}")
@@ -159,14 +189,10 @@ def load() -> Settings:
         raise ConfigError(f"{PROJECT}:{API_KEY} is stored in plain text in the stack file. Run:\n  {set_key}")
 
     optional = {}
-    for name, example in ((SSH_KEY, "< ~/.ssh/id_ed25519"), (HF_TOKEN, '"$HF_TOKEN"'),
-                          (ALERT_WEBHOOK, '"https://hooks.slack.com/services/..."')):
+    for name in (SSH_KEY, HF_TOKEN, ALERT_WEBHOOK):
         value = pulumi.runtime.get_config(f"{PROJECT}:{name}")
         if value is not None and not pulumi.runtime.is_config_secret(f"{PROJECT}:{name}"):
-            raise ConfigError(
-                f"{PROJECT}:{name} is stored in plain text. Run:\n"
-                f"  pulumi config set --secret {PROJECT}:{name} --stack {stack} {example}"
-            )
+            raise ConfigError(f"{PROJECT}:{name} is stored in plain text. Run:\n  {SECRET[name].command(stack)}")
         optional[name] = pulumi.Output.secret(value) if value else None
     problem = agent_socket_problem(dict(os.environ))
     if problem:
@@ -196,7 +222,7 @@ MEMBER_KEY = re.compile(r"^sk-[A-Za-z0-9_-]{32,200}$")
 def parse_member_keys(raw: str, secret: bool, gateway: GatewayConfig | None, stack: str) -> dict[str, str]:
     """`memberKeys`: keys chosen by the team instead of generated ones (a secret map member -> key). Every
     problem names the member and the fix; a key's value is never part of a message."""
-    set_one = f"pulumi config set --secret --path '{PROJECT}:{MEMBER_KEYS}.<member>' \"sk-$(openssl rand -hex 32)\" --stack {stack}"
+    set_one = SECRET[MEMBER_KEYS].command(stack)
     if not secret:
         raise ConfigError(f"{PROJECT}:{MEMBER_KEYS} is stored in plain text in the stack file; set each key as a "
                           f"secret:\n  {set_one}")  # fmt: skip
