@@ -36,7 +36,8 @@ class RouterConfig(_Strict):
     image: ImageRef | None = Field(
         default=None, description="image with sglang_router (default: the SGLang image of the router node's group)"
     )
-    request_timeout_seconds: int = Field(default=1800, ge=1, le=86400)
+    request_timeout_seconds: int = Field(default=1800, ge=1, le=86400, description="the longest a request may take "
+                                         "through the router, in seconds (--request-timeout-secs)")  # fmt: skip
     drain_timeout_seconds: int = Field(
         default=600, ge=0, le=86400, description="longest wait for a group's requests to finish before it restarts"
     )
@@ -98,8 +99,10 @@ class GatewayConfig(_Strict):
     memory_mib: int = Field(default=1024, ge=512, le=16384, alias="memoryMiB", description="LiteLLM's container")
     database_memory_mib: int = Field(default=512, ge=128, le=16384, alias="databaseMemoryMiB",
                                      description="PostgreSQL's container")  # fmt: skip
-    request_timeout_seconds: int = Field(default=1800, ge=1, le=86400)
-    members: list[MemberConfig] = Field(default_factory=list)
+    request_timeout_seconds: int = Field(default=1800, ge=1, le=86400, description="the longest LiteLLM waits for "
+                                         "the endpoint's answer to a request, in seconds")  # fmt: skip
+    members: list[MemberConfig] = Field(default_factory=list,
+                                        description="the team's members, each with a key of their own")  # fmt: skip
 
     @model_validator(mode="after")
     def _unique_members(self) -> "GatewayConfig":
@@ -128,28 +131,35 @@ class MonitoringServerConfig(_Strict):
     node: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")] | None = Field(
         default=None, description="the node that runs them (default: the router's node, else the head)"
     )
-    prometheus_port: int = Field(default=9090, ge=1024, le=65535)
-    alertmanager_port: int = Field(default=9093, ge=1024, le=65535)
-    scrape_interval_seconds: int = Field(default=15, ge=1, le=3600)
-    evaluation_interval_seconds: int = Field(default=15, ge=1, le=3600)
+    prometheus_port: int = Field(default=9090, ge=1024, le=65535, description="Prometheus's port on its node")
+    alertmanager_port: int = Field(default=9093, ge=1024, le=65535, description="Alertmanager's port on its node")
+    scrape_interval_seconds: int = Field(default=15, ge=1, le=3600, description="how often Prometheus scrapes every "
+                                         "target, in seconds")  # fmt: skip
+    evaluation_interval_seconds: int = Field(default=15, ge=1, le=3600, description="how often Prometheus evaluates "
+                                             "the alert rules, in seconds")  # fmt: skip
     group_wait_seconds: int = Field(default=30, ge=0, le=3600, description="Alertmanager's wait before a new alert")
     group_interval_seconds: int = Field(default=60, ge=1, le=86400,
                                         description="Alertmanager's wait before what changed in a group (a resolution too)")
     retention: Annotated[str, Field(pattern=r"^[0-9]+[hdwy]$")] = Field(default="15d", description="the TSDB's")
     keep_data: bool = Field(default=True, description="destroy keeps the TSDB volume")
     memory_mib: int = Field(default=1024, ge=256, le=16384, alias="memoryMiB", description="Prometheus's container")
-    alertmanager_memory_mib: int = Field(default=128, ge=64, le=4096, alias="alertmanagerMemoryMiB")
+    alertmanager_memory_mib: int = Field(default=128, ge=64, le=4096, alias="alertmanagerMemoryMiB",
+                                         description="Alertmanager's container")  # fmt: skip
 
 
 class MonitoringConfig(_Strict):
+    """The stack's monitoring (docs/monitoring.md): a node exporter on every node, and, when set, Prometheus
+    and Alertmanager on one node."""
+
     image: ImageRef = Field(default=MONITORING_IMAGE, description="built on the nodes from programs/monitoring/Dockerfile")
-    node_exporter: NodeExporterConfig = Field(default_factory=NodeExporterConfig)
+    node_exporter: NodeExporterConfig = Field(default_factory=NodeExporterConfig,
+                                              description="prometheus-node-exporter on every node (on)")  # fmt: skip
     server: MonitoringServerConfig | None = Field(default=None, description="Prometheus and Alertmanager (off)")
 
 
 @dataclass(frozen=True)
 class GroupEntry:
-    """One serving group: a name (None for a stack without `groups`) and its full config."""
+    """One serving group: a name (none for a stack without `groups`) and its full config."""
 
     name: str | None
     cfg: ClusterConfig

@@ -104,6 +104,14 @@ def test_every_field_is_in_its_section(path):
         assert len(PAGE[path][alias]) == len(reference.HEAD[0].split("|")) - 2, alias  # every column, no stray |
 
 
+@pytest.mark.parametrize("path", sorted(expected_sections()))
+def test_every_model_and_field_says_what_it_is(path):
+    """The page is the user's reference: every section has its paragraph, every field its description."""
+    model = expected_sections()[path]
+    assert reference._doc(model), f"{model.__name__} has no docstring"
+    assert [f.alias or name for name, f in model.model_fields.items() if not f.description] == []
+
+
 def test_groups_and_secrets_sections():
     assert set(PAGE["cluster.groups[]"]) == {"name"}
     assert stack.GROUP_NAME.pattern in PAGE["cluster.groups[]"]["name"][3]
