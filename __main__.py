@@ -6,12 +6,13 @@ Load and validate the stack config, build the plan, register it, export the outp
 import pulumi
 
 from components import deployment
-from declared import config
+from declared.cluster import ConfigError
+from declared.settings import load
 from planning import budget, rules, stackplan
 
 try:
-    settings = config.load()
-except config.ConfigError as exc:
+    settings = load()
+except ConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
 
 errors, warnings = rules.check_stack(settings.config, settings.stack)

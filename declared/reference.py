@@ -1,12 +1,13 @@
-"""The configuration reference, generated from the stack config's schema (`config`): every field of
-`deepseek-spark:cluster` (type, default, bounds, engine, description), then the secrets.
+"""The configuration reference, generated from the stack config's schema (`cluster`: one group's fields;
+`stack`: the stack's own): every field of `deepseek-spark:cluster` (type, default, bounds, engine,
+description), then the secrets (`settings.SECRETS`).
 
     python -m declared.reference [--out docs/configuration.md]   # write the page
     python -m declared.reference --check                         # exit 1 and a diff when the page is stale
 
 Names, types, defaults, bounds and descriptions come from the models' fields; a serving field's engine
-from config.SGLANG_ONLY / VLLM_ONLY (what rule engine-fields enforces), or a description that starts
-"sglang only"; engine-dependent defaults from config.ENGINE_DEFAULTS.
+from cluster.SGLANG_ONLY / VLLM_ONLY (what rule engine-fields enforces), or a description that starts
+"sglang only"; engine-dependent defaults from cluster.ENGINE_DEFAULTS.
 """
 
 from __future__ import annotations
@@ -26,34 +27,24 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from . import config
+from .cluster import (
+    CLUSTER_KEY, ENGINE_DEFAULTS, PROJECT, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, ServingConfig,
+)  # fmt: skip
+from .settings import SECRETS
+from .stack import GROUP_FIELDS, GROUP_NAME, GroupEntry, StackConfig, _merge
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 COMMAND = "python -m declared.reference"
-ENGINES = {"sglang": "SGLang", "vllm": "vLLM"}  # config's engine names, as the page writes them
+SCHEMA = ("declared/cluster.py", "declared/stack.py")  # where the page comes from
+ENGINES = {"sglang": "SGLang", "vllm": "vLLM"}  # the schema's engine names, as the page writes them
 BOTH = "both"
 HEAD = ["| field | type | default | bounds | engine | description |", "|---|---|---|---|---|---|"]
-_P, _S = config.PROJECT, "--stack <stack>"
-# (key, needed, what it holds, the rest of `pulumi config set --secret`): what config.load and
-# config.parse_member_keys print (tests/unit/test_config_reference.py holds them to it).
-SECRETS = (
-    (config.API_KEY, "required", "the key every request to the endpoint (the groups, the router) must carry",
-     f'{_P}:{config.API_KEY} "$(openssl rand -hex 32)" {_S}'),
-    (config.SSH_KEY, "optional", "the nodes' ssh private key (default: ssh-agent)",
-     f"{_P}:{config.SSH_KEY} {_S} < ~/.ssh/id_ed25519"),
-    (config.HF_TOKEN, "optional", "the Hugging Face token for `model.source: download`",
-     f'{_P}:{config.HF_TOKEN} {_S} "$HF_TOKEN"'),
-    (config.MEMBER_KEYS, "optional", "member -> key for `gateway.members` (default: generated), `sk-` and 32 to 200 "
-     "of `[A-Za-z0-9_-]`", f"--path '{_P}:{config.MEMBER_KEYS}.<member>' \"sk-$(openssl rand -hex 32)\" {_S}"),
-    (config.ALERT_WEBHOOK, "optional", "where Alertmanager sends alerts (`monitoring.server`)",
-     f'{_P}:{config.ALERT_WEBHOOK} {_S} "https://hooks.slack.com/services/..."'),
-)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class Section:
     path: str  # as the validation messages name it: cluster.serving.selfHeal, cluster.nodes[]
-    model: Any  # a pydantic model, or config.GroupEntry for cluster.groups[]
+    model: Any  # a pydantic model, or GroupEntry for cluster.groups[]
     engine: str  # BOTH, or the engine the whole section belongs to (engram)
 
     @property
@@ -77,19 +68,19 @@ def _models(tp: Any) -> list[tuple[type, bool]]:
         return [m for a in args for m in _models(a)]
     if origin in (list, tuple):
         return [(m, True) for m, _ in _models(args[0])]
-    is_section = isinstance(tp, type) and (issubclass(tp, BaseModel) or tp is config.GroupEntry)
+    is_section = isinstance(tp, type) and (issubclass(tp, BaseModel) or tp is GroupEntry)
     return [(tp, False)] if is_section else []
 
 
 def _engine(model: type, name: str, field: FieldInfo, inherited: str) -> str:
-    for engine, only in (("sglang", config.SGLANG_ONLY), ("vllm", config.VLLM_ONLY)):
-        if issubclass(model, config.ServingConfig) and name in only:
+    for engine, only in (("sglang", SGLANG_ONLY), ("vllm", VLLM_ONLY)):
+        if issubclass(model, ServingConfig) and name in only:
             return ENGINES[engine]
     said = re.match(r"(\w+) only\b", (field.description or "").lower())
     return ENGINES.get(said.group(1), inherited) if said else inherited
 
 
-def sections(cluster: type = config.ClusterConfig) -> list[Section]:
+def sections(cluster: type = ClusterConfig) -> list[Section]:
     """The page's sections in order: the stack value, what it nests, then each stack-level key's."""
     out = [Section("cluster", cluster, BOTH)]
 
@@ -101,7 +92,7 @@ def sections(cluster: type = config.ClusterConfig) -> list[Section]:
                 walk(sub, out[-1].path, out[-1].engine)
 
     walk(cluster, "cluster", BOTH)
-    for key, tp in typing.get_type_hints(config.StackConfig).items():
+    for key, tp in typing.get_type_hints(StackConfig).items():
         for sub, many in _models(tp):
             out.append(Section(f"cluster.{key}{'[]' if many else ''}", sub, BOTH))
             if issubclass(sub, BaseModel):
@@ -168,14 +159,14 @@ def _value(value: Any, links: dict[type, Section]) -> str:
 
 def _default(sec: Section, name: str, f: FieldInfo, links: dict[type, Section]) -> str:
     per_engine = []
-    for engine, value in config.ENGINE_DEFAULTS.items():  # what ClusterConfig._engine_defaults fills in
+    for engine, value in ENGINE_DEFAULTS.items():  # what ClusterConfig._engine_defaults fills in
         for part in (*sec.path.split(".")[1:], f.alias or name):
             value = value.get(part) if isinstance(value, dict) else None
         per_engine += [f"{engine}: {_value(value, links)}"] if value is not None and not isinstance(value, dict) else []
     if per_engine or f.is_required():
         return "; ".join(per_engine) or "required"
     shown = _value(f.default_factory() if f.default_factory else f.default, links)  # type: ignore[call-arg]
-    required = issubclass(sec.model, config.ServingConfig) and name in config.SGLANG_REQUIRED
+    required = issubclass(sec.model, ServingConfig) and name in SGLANG_REQUIRED
     return shown + (f"; required on {ENGINES['sglang']}" if required else "")
 
 
@@ -195,24 +186,24 @@ def _rows(sec: Section, links: dict[type, Section]) -> list[str]:
         rows.append(_row(f"`{f.alias or name}`", _type(f.annotation, links), _default(sec, name, f, links),
                          "; ".join(_bounds(f.metadata) + _nested_bounds(f.annotation)),
                          _engine(sec.model, name, f, sec.engine), about))  # fmt: skip
-    if sec.path == "cluster":  # the stack-level keys (config.StackConfig, parse_stack)
-        hints = typing.get_type_hints(config.StackConfig)
-        for f in dataclasses.fields(config.StackConfig):
+    if sec.path == "cluster":  # the stack-level keys (StackConfig, parse_stack)
+        hints = typing.get_type_hints(StackConfig)
+        for f in dataclasses.fields(StackConfig):
             default = "the value itself: one group" if f.default is dataclasses.MISSING else _value(f.default, links)
             about = next((_doc(m) for m, _ in _models(hints[f.name])), "")
             rows.append(_row(f"`{f.name}`", _type(hints[f.name], links), default, "", BOTH, about))
     return rows
 
 
-def render(cluster: type = config.ClusterConfig) -> str:
+def render(cluster: type = ClusterConfig) -> str:
     """The page, from the schema (`cluster` replaces ClusterConfig, e.g. with a field more)."""
     secs = sections(cluster)
     links = {s.model: s for s in secs[1:]}
     out = [
         "# Configuration reference", "",
-        f"Generated from the schema (`declared/config.py`) by `{COMMAND}`: do not edit it by hand; change the "
+        f"Generated from the schema ({' and '.join(f'`{m}`' for m in SCHEMA)}) by `{COMMAND}`: do not edit it by hand; change the "
         f"schema and run the command again (`{COMMAND} --check` says whether this page is current).", "",
-        f"Everything lives under `{_P}:{config.CLUSTER_KEY}` in `Pulumi.<stack>.yaml`; unknown fields are errors, "
+        f"Everything lives under `{PROJECT}:{CLUSTER_KEY}` in `Pulumi.<stack>.yaml`; unknown fields are errors, "
         "names are camelCase. The engine column says which engine reads a field: a field of the other engine is "
         "refused (rule `engine-fields`). The secrets are keys of their own ([Secrets](#secrets)).", "",
     ]  # fmt: skip
@@ -220,22 +211,22 @@ def render(cluster: type = config.ClusterConfig) -> str:
         out += [f"## `{sec.path}`", ""]
         if sec.path == "cluster":
             shared = ", ".join(f"`{a}`" for a in (f.alias or n for n, f in cluster.model_fields.items())
-                               if a not in config.GROUP_FIELDS)  # fmt: skip
+                               if a not in GROUP_FIELDS)  # fmt: skip
             out += ["The stack value: one group's fields, or, with `groups`, what every group shares; `groups`, "
                     f"`router`, `gateway` and `monitoring` are the stack's own, and so is {shared} (not a per-group "
                     "field).", ""]  # fmt: skip
         elif _doc(sec.model):
             out += [_md(_doc(sec.model)), ""]
-        if sec.model is config.GroupEntry:
-            fields = ", ".join(f"`{a}`" for a in config.GROUP_FIELDS)
-            out += [_md(f"Each entry is `name` and any of {fields}. {_doc(config._merge)}"), "", *HEAD,
-                    _row("`name`", "`str`", "required", f"matches `{config.GROUP_NAME.pattern}`", BOTH,
-                         f"the group's name: {_doc(config.GroupEntry.plan_name).lower()}"), ""]  # fmt: skip
+        if sec.model is GroupEntry:
+            fields = ", ".join(f"`{a}`" for a in GROUP_FIELDS)
+            out += [_md(f"Each entry is `name` and any of {fields}. {_doc(_merge)}"), "", *HEAD,
+                    _row("`name`", "`str`", "required", f"matches `{GROUP_NAME.pattern}`", BOTH,
+                         f"the group's name: {_doc(GroupEntry.plan_name).lower()}"), ""]  # fmt: skip
         else:
             out += [*HEAD, *_rows(sec, links), ""]
-    out += ["## Secrets", "", f"Keys of their own beside `{_P}:{config.CLUSTER_KEY}`, each stored as a Pulumi "
+    out += ["## Secrets", "", f"Keys of their own beside `{PROJECT}:{CLUSTER_KEY}`, each stored as a Pulumi "
             "secret (a plain value is refused).", "", "| key | needed | what | command |", "|---|---|---|---|"]
-    out += [_row(f"`{_P}:{k}`", need, what, f"`pulumi config set --secret {cmd}`") for k, need, what, cmd in SECRETS]
+    out += [_row(f"`{PROJECT}:{s.key}`", s.needed, s.about, f"`{s.command()}`") for s in SECRETS]
     return "\n".join(out) + "\n"
 
 

@@ -1,6 +1,6 @@
 """Shapes of the values that reach a shell, an exports line, a URL, a server flag or an HTTP header.
 
-Plain functions and patterns, no pydantic, no Pulumi: `config.py` builds the stack config's field
+Plain functions and patterns, no pydantic, no Pulumi: `cluster.py` builds the stack config's field
 types from them and the policy pack (policy/guardrails.py) imports the same ones, so the program
 and the pack cannot disagree on exports, paths or secrets. Each check raises ValueError (or
 returns a problem) saying what is allowed, so a refusal names the value and the fix.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from declared.config import ClusterConfig
+from declared.cluster import ClusterConfig
 from planning import plan
 
 NO_REFERENCE_TEST_DOUBLE = "no reference (test double)"

@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TextIO
 
-from declared.config import RESERVED_MEMBERS
+from declared.stack import RESERVED_MEMBERS
 from planning import gateway as gateway_plan
 from planning import plan
 from programs import probe

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Optional, TypeVar
 
 from planning import commands, fabric, plan
 from programs import memgate, probe, rails
-from declared.config import ClusterConfig
+from declared.cluster import ClusterConfig
 
 q = shlex.quote
 

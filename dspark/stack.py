@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import yaml
 
-from declared import config
 from dspark import clients
 from planning import plan, rules, stackplan
-from declared.config import ClusterConfig, StackConfig
+from declared.cluster import CLUSTER_KEY, PROJECT, ClusterConfig, ConfigError
+from declared.stack import StackConfig, parse_stack
 
 if TYPE_CHECKING:
     from planning.gateway import GatewayPlan
 
-CONFIG_KEY = f"{config.PROJECT}:{config.CLUSTER_KEY}"
+CONFIG_KEY = f"{PROJECT}:{CLUSTER_KEY}"
 
 
 class DsparkError(Exception):
@@ -31,7 +31,7 @@ def short_name(stack: str) -> str:
     return stack.rsplit("/", 1)[-1]
 
 
-def read_stack(project_dir: Path, stack: str) -> config.StackConfig:
+def read_stack(project_dir: Path, stack: str) -> StackConfig:
     path = project_dir / f"Pulumi.{short_name(stack)}.yaml"
     if not path.is_file():
         raise DsparkError(f"{path} not found: run dspark in the project directory or pass --project-dir")
@@ -41,10 +41,10 @@ def read_stack(project_dir: Path, stack: str) -> config.StackConfig:
         raise DsparkError(f"{path} is not valid YAML: {exc}") from None
     cfg = doc.get("config") if isinstance(doc, dict) else None
     cfg = cfg if isinstance(cfg, dict) else {}
-    raw = cfg.get(CONFIG_KEY, cfg.get(config.CLUSTER_KEY))
+    raw = cfg.get(CONFIG_KEY, cfg.get(CLUSTER_KEY))
     try:
-        return config.parse_stack(raw)
-    except config.ConfigError as exc:
+        return parse_stack(raw)
+    except ConfigError as exc:
         raise DsparkError(f"{path}: {exc}") from None
 
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import gateway, guard, plan, routing
-from declared.config import LOCAL, ClusterConfig, StackConfig
+from declared.cluster import ClusterConfig
+from declared.stack import LOCAL, StackConfig
 
 RANK = "rank"
 THIN_HEADROOM_MIB = 2048  # a rank whose limit leaves less above its need is one surprise away from its OOM kill

@@ -7,7 +7,8 @@ module), so `rules.STACK_RULES` holds them wherever the rules run.
 
 from __future__ import annotations
 
-from declared.config import ClusterConfig, StackConfig
+from declared.cluster import ClusterConfig
+from declared.stack import StackConfig
 
 from . import budget, plan, rules
 from .budget import NodeBudget

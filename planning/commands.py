@@ -11,7 +11,7 @@ import json
 import shlex
 
 from . import fabric, plan
-from declared.config import ClusterConfig
+from declared.cluster import ClusterConfig
 
 q = shlex.quote
 

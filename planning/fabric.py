@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from declared.config import ClusterConfig, NodeConfig
+from declared.cluster import ClusterConfig, NodeConfig
 from programs.fabricgate import REPORT_PREFIX
 
 # What reading the checkpoint at boot costs, by path (GB/s one rank sustains; planning figures,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Optional
 
 import yaml
 
-from declared.config import GatewayConfig, MemberConfig
+from declared.stack import GatewayConfig, MemberConfig
 from .commands import secret_file_create, secret_file_delete
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import commands, plan
-from declared.config import ClusterConfig
+from declared.cluster import ClusterConfig
 
 q = shlex.quote
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from declared.config import ClusterConfig
+from declared.cluster import ClusterConfig
 
 from . import fabric, rules
 from .rules import Finding

@@ -4,7 +4,7 @@ when planning.rules is imported (its last line imports this module)."""
 
 from __future__ import annotations
 
-from declared.config import LOCAL, StackConfig
+from declared.stack import LOCAL, StackConfig
 
 from .rules import Finding, node_ports, stack_rule
 

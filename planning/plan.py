@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import fabric
-from declared.config import ClusterConfig, NodeConfig
+from declared.cluster import ClusterConfig, NodeConfig
 from programs import probe
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # relative imageBuild.context paths start here

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 
-from declared.config import MONITORING_IMAGE, MonitoringConfig, StackConfig
+from declared.stack import MONITORING_IMAGE, MonitoringConfig, StackConfig
 from .commands import secret_file_create, secret_file_delete
 from .gateway import files_write
 

@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 
 from . import commands, plan
-from declared.config import RouterConfig
+from declared.stack import RouterConfig
 
 q = shlex.quote
 

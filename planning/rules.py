@@ -16,7 +16,8 @@ from typing import Callable
 from . import fabric, plan
 from declared import flags
 from declared.shapes import read_only_problem
-from declared.config import LOCAL, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
+from declared.cluster import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig
+from declared.stack import LOCAL, StackConfig
 
 
 @dataclass(frozen=True)

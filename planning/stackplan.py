@@ -20,7 +20,8 @@ from . import prometheus
 from .budget import NodeBudget
 from .gateway import GatewayPlan
 from .guard import GuardPlan
-from declared.config import LOCAL, ClusterConfig, ImageBuildConfig, StackConfig
+from declared.cluster import ClusterConfig, ImageBuildConfig
+from declared.stack import LOCAL, StackConfig
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
 ARGCHECK_PROGRAM = (Path(__file__).parent.parent / "programs" / "argcheck.py").read_text()
@@ -257,7 +258,7 @@ def build(
     cfg: ClusterConfig, stack: str, host_keys: tuple[Optional[str], ...] = (), group: Optional[str] = None,
     budgets: tuple[NodeBudget, ...] = (),
 ) -> StackPlan:
-    """The whole plan of one group from its validated config (and the host keys config.load found).
+    """The whole plan of one group from its validated config (and the host keys settings.load found).
     `stack` is the name its resources carry (the stack's, or `<stack>-<group>`); `budgets`: its nodes' memory budgets in the
     stack (budget.node_budgets: the router and the gateway on its nodes), default: the group alone there.
     Each rank's limit and its memory gate's need are the budget's."""

@@ -192,7 +192,7 @@ def read_requirements(path: Path) -> tuple[str, ...]:
 GATEWAY_ROOTFS = RootfsSpec("gateway", ("python3", "postgresql-15", "ca-certificates"),
                             wheels=read_requirements(GATEWAY_REQUIREMENTS), wheel_platform=GATEWAY_WHEEL_PLATFORM,
                             remove=("etc/postgresql/15", "var/lib/postgresql/15"))
-MONITORING_IMAGE = "deepseek-spark-monitoring:bookworm"  # declared.config.MONITORING_IMAGE
+MONITORING_IMAGE = "deepseek-spark-monitoring:bookworm"  # declared.stack.MONITORING_IMAGE
 MONITORING_ROOTFS = RootfsSpec("monitoring", ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter",
                                               "ca-certificates"))
 ROOTFS = (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS)

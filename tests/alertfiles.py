@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from declared import config
+from declared.stack import parse_stack
 from harness import cluster_of, with_known_hosts
 from planning import alerts, stackplan
 
@@ -13,7 +13,7 @@ STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.
 
 def plan_of(stack: str) -> stackplan.ClusterPlan:
     raw = with_known_hosts(cluster_of(stack))
-    return stackplan.build_stack(config.parse_stack(raw), stack)
+    return stackplan.build_stack(parse_stack(raw), stack)
 
 
 def write_rules(stack: str, folder: Path) -> Path:

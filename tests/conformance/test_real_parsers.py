@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from declared import config, flags
+from declared import flags
+from declared.stack import parse_stack
 from planning import plan, stackplan
 from conformance.realenv import run_env, site_packages
 from harness import cluster_of, with_known_hosts
@@ -26,7 +27,7 @@ TABLE_ENV = {("sglang", "0.5.23"): "sglang-0.5.23", ("vllm", "0.31.0"): "vllm-0.
 
 def stack_checks(stack: str) -> list[tuple[str, str, list[str]]]:
     """(what, program, argv) for every rank of every group, and the router."""
-    sc = config.parse_stack(with_known_hosts(cluster_of(stack)))
+    sc = parse_stack(with_known_hosts(cluster_of(stack)))
     cp = stackplan.build_stack(sc, stack)
     out = []
     for entry, gp in zip(sc.groups, cp.groups):
@@ -51,7 +52,7 @@ REFUSALS = [(["--no-such-flag"], "--no-such-flag"), (["--attention-backend", "no
 def mp_checks() -> list[tuple[str, list[str]]]:
     raw = with_known_hosts(cluster_of("tp2"))
     raw["serving"] = {**raw["serving"], "distributedExecutorBackend": "mp"}
-    cfg = config.parse_stack(raw).groups[0].cfg
+    cfg = parse_stack(raw).groups[0].cfg
     return [c for spec in plan.group_specs(cfg, "tp2") for c in plan.rank_checks(cfg, spec)]
 
 
@@ -138,7 +139,7 @@ def test_program_env_names_are_the_packages_own():
     names = {**reply("sglang-0.5.23")["env_names"], **reply("vllm-0.33.0")["env_names"]}
     set_by_program: set[str] = set()
     for stack in STACKS:
-        sc = config.parse_stack(with_known_hosts(cluster_of(stack)))
+        sc = parse_stack(with_known_hosts(cluster_of(stack)))
         for entry in sc.groups:
             for spec in plan.group_specs(entry.cfg, stack):
                 set_by_program |= set(spec.env)

@@ -25,7 +25,7 @@ from e2e.conftest import (
     CLUSTER, ask, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client,
     resources_summary, shard_mtimes,
 )  # fmt: skip
-from declared import config
+from declared.stack import parse_stack
 from dspark import dashboard
 from e2e import observing
 from e2e.timings import TIMINGS
@@ -255,7 +255,7 @@ def test_rank_containers_carry_the_memory_plans_limit_and_the_oom_score(first, p
     limit on the node, and the rank's process is the kernel's first OOM choice."""
     text = project.cli("config", "get", "deepseek-spark:cluster", "--json").check().text
     doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
-    sp = stackplan.build_stack(config.parse_stack(doc.get("objectValue") or json.loads(doc["value"])), STACK).groups[0]
+    sp = stackplan.build_stack(parse_stack(doc.get("objectValue") or json.loads(doc["value"])), STACK).groups[0]
     for rank, (name, node) in enumerate(zip(RANKS, NODES)):
         memory, swap, pid = node_sh(node, f"docker inspect -f '{{{{.HostConfig.Memory}}}} {{{{.HostConfig.MemorySwap}}}} "
                                           f"{{{{.State.Pid}}}}' {name}").split()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import harness
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from dspark import cmd_bench
 from dspark.__main__ import main
 from ops_fakes import KEY, ROOT, outputs

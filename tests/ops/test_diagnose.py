@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import harness
-from declared.config import parse_stack
+from declared.stack import parse_stack
 from dspark import redaction
 from dspark.__main__ import main
 from ops_fakes import KEY, ROOT, DiagnoseCluster, FakeContainer, FakeEndpoint, cluster_for, fake_pulumi, journal, state

@@ -15,7 +15,8 @@ import yaml
 
 import harness
 from planning import commands, plan, stackplan
-from declared.config import parse_cluster, parse_stack
+from declared.cluster import parse_cluster
+from declared.stack import parse_stack
 from dspark import nodes as dnodes
 from dspark.__main__ import main
 from programs import probe

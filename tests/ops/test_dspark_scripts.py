@@ -8,7 +8,7 @@ from pathlib import Path
 
 import harness
 from planning import commands
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from dspark import nodes as dnodes
 from dspark.cmd_doctor import _stat_result
 

@@ -8,7 +8,7 @@ import json
 import time
 
 import harness
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from dspark.__main__ import main
 from ops_fakes import FakeEndpoint, cluster_for, journal, outputs, state
 from planning import guard as guard_plan

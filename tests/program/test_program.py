@@ -495,9 +495,9 @@ def test_each_node_has_a_memory_gate_between_the_generation_and_every_rank(rec, 
 
 
 def test_the_memory_gates_need_is_what_the_plan_places_on_the_node():
-    from declared import config
+    from declared.cluster import parse_cluster
 
-    cfg = config.parse_cluster(group_of("tp3"))
+    cfg = parse_cluster(group_of("tp3"))
     mp = plan.memory_plan(cfg)
     head, worker = mp.ranks
     assert plan.rank_need_mib(cfg, 0) == int((head.static_used_gib + head.outside_needed_gib) * 1024)

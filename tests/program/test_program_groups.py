@@ -242,24 +242,24 @@ def local_docker(tmp_path, monkeypatch):
     """A unix socket standing for the docker engine where Pulumi runs."""
     import socket
 
-    from declared import config
+    from declared import settings
 
     path = tmp_path / "docker.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(path))
-    monkeypatch.setattr(config, "LOCAL_DOCKER_SOCKET", str(path))
+    monkeypatch.setattr(settings, "LOCAL_DOCKER_SOCKET", str(path))
     yield path
     server.close()
 
 
 def test_a_router_where_pulumi_runs(local_docker):
-    from declared import config
+    from declared import settings
 
     raw = cluster_of("tp4x2")
     raw["router"] = {"node": "local", "address": "192.168.1.20"}
     rec = run_program("tp4x2", cluster=raw)
     assert rec.named("tp4x2-router-docker-local").inputs["host"] == "unix:///var/run/docker.sock"
-    assert config.LOCAL_DOCKER_SOCKET != "/var/run/docker.sock"  # the fixture's: the check read that one
+    assert settings.LOCAL_DOCKER_SOCKET != "/var/run/docker.sock"  # the fixture's: the check read that one
     key_file = rec.named("tp4x2-router-api-key")
     assert key_file.type == LOCAL and reveal(key_file.inputs["stdin"]) == TEST_API_KEY
     assert "/.local/state/deepseek-spark/tp4x2-router/api-key" in key_file.inputs["create"]
@@ -272,9 +272,9 @@ def test_a_router_where_pulumi_runs(local_docker):
 def test_a_router_where_pulumi_runs_without_a_docker_engine_there_is_refused_at_preview(tmp_path, monkeypatch):
     """pulumi-docker pings a unix:// engine when it configures its provider, at preview too: without one
     the preview fails; the program says why first, naming the field and both fixes."""
-    from declared import config
+    from declared import settings
 
-    monkeypatch.setattr(config, "LOCAL_DOCKER_SOCKET", str(tmp_path / "no-docker.sock"))
+    monkeypatch.setattr(settings, "LOCAL_DOCKER_SOCKET", str(tmp_path / "no-docker.sock"))
     raw = cluster_of("tp4x2")
     raw["router"] = {"node": "local"}
     with pytest.raises(pulumi.RunError, match=r"router.node: local runs the router on the docker engine where "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import ssh
 
-from declared.config import MONITORING_IMAGE
+from declared.stack import MONITORING_IMAGE
 from planning import prometheus
 from sim import backend, images
 

@@ -72,7 +72,7 @@ def test_sshd_drops_a_burst_past_max_startups_and_the_programs_shared_connection
     (`kex_exchange_identification`). The program's system-ssh options (commands.ssh_opts: ControlMaster, one
     connection per node) carry the same burst of docker calls once the master is up, sessions past MaxSessions
     (10) falling back to their own connections."""
-    from declared.config import parse_cluster
+    from declared.cluster import parse_cluster
     from harness import group_of
     from planning import commands
 

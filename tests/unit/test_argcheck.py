@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from declared import config
+from declared.stack import parse_stack
 from planning import commands, plan
 from programs import argcheck
 from harness import cluster_of, with_known_hosts
@@ -36,7 +36,7 @@ def image(tmp_path, monkeypatch):
 
 
 def _sglang_argv(model, *extra):
-    cfg = config.parse_stack(with_known_hosts(cluster_of("tp4"))).groups[0].cfg
+    cfg = parse_stack(with_known_hosts(cluster_of("tp4"))).groups[0].cfg
     [(engine, argv)] = plan.rank_checks(cfg, plan.group_specs(cfg, "tp4")[1])
     argv = [str(model) if a == plan.MODEL_MOUNT else a for a in argv]
     return engine, argv + list(extra)
@@ -85,7 +85,7 @@ def test_an_image_without_the_adapter_is_refused(image, capsys, monkeypatch):
 
 
 def test_the_ray_backend_needs_ray_in_the_image(image, capsys, monkeypatch):
-    cfg = config.parse_stack(with_known_hosts(cluster_of("tp2"))).groups[0].cfg
+    cfg = parse_stack(with_known_hosts(cluster_of("tp2"))).groups[0].cfg
     [_, (engine, argv)] = plan.rank_checks(cfg, plan.group_specs(cfg, "tp2")[0])
     assert engine == "vllm" and "--distributed-executor-backend" in argv
     real_find_spec = argcheck.importlib.util.find_spec
@@ -102,7 +102,7 @@ def test_an_image_without_the_engine_says_so(capsys, monkeypatch):
 
 
 def test_the_node_command_carries_the_exact_argv_and_env_quoted():
-    cfg = config.parse_stack(with_known_hosts(cluster_of("tp2"))).groups[0].cfg
+    cfg = parse_stack(with_known_hosts(cluster_of("tp2"))).groups[0].cfg
     spec = plan.group_specs(cfg, "tp2")[0]
     spec = type(spec)(**{**spec.__dict__, "env": {**spec.env, "X": "a b;$(touch /tmp/p)"}})
     checks = plan.rank_checks(cfg, spec)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of, group_of
 from planning import commands, plan
 from programs import bootlog, probe

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from declared.config import parse_stack
+from declared.stack import parse_stack
 from harness import cluster_of
 from planning import budget, budget_rules, rules, stackplan
 from planning.budget import NodeBudget, Placed

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of
 from planning import commands
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from planning import commands, plan
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of, group_of
 
 import fakefabric

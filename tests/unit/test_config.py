@@ -2,7 +2,7 @@
 
 import pytest
 
-from declared.config import ConfigError, parse_cluster
+from declared.cluster import ConfigError, parse_cluster
 from harness import cluster_of, group_of
 
 
@@ -90,7 +90,7 @@ def test_checkpoint_dir_without_whitespace():
 
 
 def test_alerts_ttft_target_default_override_and_refusal():
-    from declared.config import parse_stack
+    from declared.stack import parse_stack
     from planning import alerts, stackplan
 
     raw = cluster_of("tp4x2")

@@ -1,6 +1,6 @@
 """docs/configuration.md is what the schema generates (`python -m declared.reference`), and it cannot drift:
 every field of every model is on it, in its section, with the engine the code enforces and the secrets'
-commands that config.load prints."""
+commands that settings.load prints."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from types import SimpleNamespace
 import pytest
 from pydantic import BaseModel, Field
 
-from declared import config, reference
-from declared.config import ClusterConfig, ConfigError, ServingConfig, StackConfig
+from declared import cluster, reference, settings, stack
+from declared.cluster import ClusterConfig, ConfigError, ServingConfig
+from declared.stack import StackConfig
 from harness import ROOT, cluster_of
 
 REGENERATE = "python -m declared.reference"
@@ -87,9 +88,9 @@ def test_page_says_it_is_generated_and_by_what():
 
 
 def test_every_model_of_the_schema_has_a_section():
-    models = {m for m in vars(config).values()
-              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == config.__name__}  # fmt: skip
-    assert models - {config._Strict} == set(expected_sections().values())  # none unreachable from the stack value
+    models = {m for schema in (cluster, stack) for m in vars(schema).values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == schema.__name__}  # fmt: skip
+    assert models - {cluster._Strict} == set(expected_sections().values())  # none unreachable from the stack value
     assert set(expected_sections()) <= set(PAGE)
 
 
@@ -103,13 +104,21 @@ def test_every_field_is_in_its_section(path):
         assert len(PAGE[path][alias]) == len(reference.HEAD[0].split("|")) - 2, alias  # every column, no stray |
 
 
+@pytest.mark.parametrize("path", sorted(expected_sections()))
+def test_every_model_and_field_says_what_it_is(path):
+    """The page is the user's reference: every section has its paragraph, every field its description."""
+    model = expected_sections()[path]
+    assert reference._doc(model), f"{model.__name__} has no docstring"
+    assert [f.alias or name for name, f in model.model_fields.items() if not f.description] == []
+
+
 def test_groups_and_secrets_sections():
     assert set(PAGE["cluster.groups[]"]) == {"name"}
-    assert config.GROUP_NAME.pattern in PAGE["cluster.groups[]"]["name"][3]
+    assert stack.GROUP_NAME.pattern in PAGE["cluster.groups[]"]["name"][3]
     text = reference.PAGE.read_text()
     groups = text.split("## `cluster.groups[]`")[1].split("\n## ")[0]
-    assert all(f"`{field}`" in groups for field in config.GROUP_FIELDS)
-    assert set(PAGE["Secrets"]) == {f"{config.PROJECT}:{k}" for k in SECRET_KEYS}
+    assert all(f"`{field}`" in groups for field in stack.GROUP_FIELDS)
+    assert set(PAGE["Secrets"]) == {f"{cluster.PROJECT}:{k}" for k in SECRET_KEYS}
 
 
 def test_every_link_has_its_heading():
@@ -177,7 +186,7 @@ def test_engine_column():
 
 @pytest.mark.parametrize("name", sorted(ServingConfig.model_fields))
 def test_serving_engine_is_what_rule_engine_fields_enforces(name):
-    want = "SGLang" if name in config.SGLANG_ONLY else "vLLM" if name in config.VLLM_ONLY else "both"
+    want = "SGLang" if name in cluster.SGLANG_ONLY else "vLLM" if name in cluster.VLLM_ONLY else "both"
     assert PAGE["cluster.serving"][ServingConfig.model_fields[name].alias][4] == want
 
 
@@ -185,34 +194,34 @@ def test_engine_dependent_defaults():
     for section, alias in (("cluster", "image"), ("cluster", "engineVersion"), ("cluster.serving", "port"),
                            ("cluster.model", "profile")):  # fmt: skip
         cell = PAGE[section][alias][2]
-        for engine, defaults in config.ENGINE_DEFAULTS.items():
+        for engine, defaults in cluster.ENGINE_DEFAULTS.items():
             value = defaults[alias] if section == "cluster" else defaults[section.split(".")[1]][alias]
             assert f"{engine}: `{value}`" in cell
 
 
-# the secrets' commands are the ones config.load prints
+# the secrets' commands are the ones settings.load prints
 
 
 def _load_refuses(monkeypatch, tmp_path, values: dict[str, str], plain: tuple[str, ...] = ()) -> str:
     raw = cluster_of("tp4")
     raw["ssh"] = {**raw.get("ssh", {}), "strictHostKeyChecking": False, "knownHostsFile": str(tmp_path / "none")}
-    conf = {f"{config.PROJECT}:{config.CLUSTER_KEY}": json.dumps(raw),
-            **{f"{config.PROJECT}:{k}": v for k, v in values.items()}}  # fmt: skip
+    conf = {f"{cluster.PROJECT}:{cluster.CLUSTER_KEY}": json.dumps(raw),
+            **{f"{cluster.PROJECT}:{k}": v for k, v in values.items()}}  # fmt: skip
     runtime = SimpleNamespace(get_config=conf.get, is_config_secret=lambda key: key.split(":", 1)[1] not in plain)
     fake = SimpleNamespace(get_stack=lambda: "<stack>", runtime=runtime, Output=SimpleNamespace(secret=lambda v: v))
     monkeypatch.setitem(sys.modules, "pulumi", fake)
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     with pytest.raises(ConfigError) as err:
-        config.load()
+        settings.load()
     return str(err.value)
 
 
-SECRET_KEYS = [config.API_KEY, config.SSH_KEY, config.HF_TOKEN, config.MEMBER_KEYS, config.ALERT_WEBHOOK]
+SECRET_KEYS = [settings.API_KEY, settings.SSH_KEY, settings.HF_TOKEN, settings.MEMBER_KEYS, settings.ALERT_WEBHOOK]
 
 
 @pytest.mark.parametrize("key", SECRET_KEYS)
 def test_secret_commands_are_what_load_prints(key, monkeypatch, tmp_path):
-    command = PAGE["Secrets"][f"{config.PROJECT}:{key}"][3].strip("`")
+    command = PAGE["Secrets"][f"{cluster.PROJECT}:{key}"][3].strip("`")
     assert command.startswith("pulumi config set --secret ")
-    values = {} if key == config.API_KEY else {config.API_KEY: "k" * 32, key: "{}"}
+    values = {} if key == settings.API_KEY else {settings.API_KEY: "k" * 32, key: "{}"}
     assert command in _load_refuses(monkeypatch, tmp_path, values, plain=(key,))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of
 from planning import commands, fabric, plan, rules
 

@@ -14,7 +14,7 @@ import yaml
 
 from declared import flags
 from planning import plan
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of
 from sim.testdouble import flags as double
 

@@ -5,7 +5,9 @@ import subprocess
 
 import pytest
 
-from declared.config import ConfigError, GatewayConfig, MemberConfig, parse_member_keys, parse_stack
+from declared.cluster import ConfigError
+from declared.settings import parse_member_keys
+from declared.stack import GatewayConfig, MemberConfig, parse_stack
 from harness import cluster_of, with_known_hosts
 from planning import gateway, rules, stackplan
 

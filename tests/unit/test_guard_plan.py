@@ -10,7 +10,7 @@ import zipfile
 import pytest
 import yaml
 
-from declared import config
+from declared.stack import parse_stack
 from harness import ROOT
 from planning import guard as guard_plan
 from planning import stackplan
@@ -19,7 +19,7 @@ from planning import stackplan
 def cluster_plan(stack: str, **serving):
     raw = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]["deepseek-spark:cluster"]
     raw["serving"].update(serving)
-    return stackplan.build_stack(config.parse_stack(raw), stack)
+    return stackplan.build_stack(parse_stack(raw), stack)
 
 
 def test_the_archive_is_the_same_bytes_every_time_and_holds_what_the_guard_imports():
@@ -96,8 +96,8 @@ def test_the_guard_mounts_its_directory_the_docker_socket_and_on_the_head_the_ke
 def test_a_router_where_pulumi_runs_is_no_address_for_the_guard_unless_router_address_says_one():
     raw = yaml.safe_load((ROOT / "Pulumi.sim-x2.yaml").read_text())["config"]["deepseek-spark:cluster"]
     raw["router"]["node"] = "local"
-    cp = stackplan.build_stack(config.parse_stack(raw), "sim-x2")
+    cp = stackplan.build_stack(parse_stack(raw), "sim-x2")
     assert all(g.guard.heal["router"] is None and g.guard.heal["worker"] is None for g in cp.groups)
     raw["router"]["address"] = "172.30.99.1"
-    cp = stackplan.build_stack(config.parse_stack(raw), "sim-x2")
+    cp = stackplan.build_stack(parse_stack(raw), "sim-x2")
     assert all(g.guard.heal["router"] == "http://172.30.99.1:8889" for g in cp.groups)

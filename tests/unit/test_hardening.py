@@ -10,9 +10,9 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from declared import config, hostkeys
+from declared import hostkeys
 from planning import plan, rules
-from declared.config import ConfigError, parse_cluster
+from declared.cluster import ConfigError, parse_cluster
 from harness import ROOT, cluster_of, fake_host_key, group_of, run_program
 
 
@@ -260,4 +260,4 @@ def test_an_unreadable_build_context_file_is_a_finding_not_a_traceback(tmp_path,
 def test_absurd_numbers_are_messages(field, value):
     raw = with_("tp4", field, value)
     with pytest.raises(ConfigError, match=r"cluster\." + r"\.".join(field)):
-        config.parse_cluster(raw)
+        parse_cluster(raw)

@@ -64,9 +64,9 @@ def test_folder_imports_only_what_its_layer_allows(folder):
 
 
 def test_pulumi_only_where_config_is_read():
-    """In `declared`, only config.load reads pulumi.Config; the plan never imports pulumi at all."""
+    """In `declared`, only settings.load reads pulumi.Config; the plan never imports pulumi at all."""
     users = [p.name for p in (ROOT / "declared").rglob("*.py") if "pulumi" in imports(p)]
-    assert users == ["config.py"]
+    assert users == ["settings.py"]
 
 
 def test_every_layer_says_what_it_may_import():
@@ -78,7 +78,7 @@ def test_every_layer_says_what_it_may_import():
 def test_a_forbidden_import_is_caught(tmp_path, monkeypatch):
     """The check itself can fail: a plan module that imports pulumi, a program that imports the plan."""
     for folder, line in (("planning", "import pulumi\n"), ("programs", "from planning import plan\n"),
-                         ("components", "from declared import config\n")):
+                         ("components", "from declared import settings\n")):
         fake = tmp_path / folder
         fake.mkdir()
         (fake / "bad.py").write_text(line)

@@ -3,7 +3,7 @@ is refused naming the address's field and the fix; the seed stacks pass."""
 
 import pytest
 
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of, group_of
 from planning import rules
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from declared import config
+from declared.cluster import ConfigError
+from declared.stack import MONITORING_IMAGE, StackConfig, parse_stack
 from harness import cluster_of, with_known_hosts
 from planning import alerts, monitoring, prometheus, rules, stackplan
 
@@ -29,10 +30,10 @@ def tool(name: str) -> str:
     return exe
 
 
-def stack_with(stack: str, **monitoring_cfg) -> tuple[config.StackConfig, stackplan.ClusterPlan]:
+def stack_with(stack: str, **monitoring_cfg) -> tuple[StackConfig, stackplan.ClusterPlan]:
     raw = with_known_hosts(cluster_of(stack))
     raw["monitoring"] = {**raw.get("monitoring", {}), **monitoring_cfg}
-    sc = config.parse_stack(raw)
+    sc = parse_stack(raw)
     assert rules.check_stack(sc, stack)[0] == []
     return sc, stackplan.build_stack(sc, stack)
 
@@ -142,7 +143,7 @@ def test_the_image_is_built_on_a_node_only_when_it_holds_none_of_this_dockerfile
     assert built == (held != "current")
     if built:
         assert (tmp_path / "build.args").read_text().split() == [
-            "build", "--label", f"{prometheus.BUILT_FROM}={mp.digest}", "-t", config.MONITORING_IMAGE, "-"]
+            "build", "--label", f"{prometheus.BUILT_FROM}={mp.digest}", "-t", MONITORING_IMAGE, "-"]
         assert (tmp_path / "build.stdin").read_text() == mp.dockerfile  # no context: the Dockerfile copies nothing
     else:
         assert "is built from this Dockerfile" in proc.stdout
@@ -170,15 +171,15 @@ def test_the_dockerfile_copies_nothing_so_stdin_is_all_a_build_needs():
 def test_a_server_on_no_node_or_on_a_taken_port_is_refused_naming_the_field(server, field, words):
     raw = with_known_hosts(cluster_of("sim"))
     raw["monitoring"] = {"server": server}
-    found = [f for f in rules.check_stack(config.parse_stack(raw), "sim")[0] if f.field == field]
-    assert found and words in found[0].problem, [(f.field, f.problem) for f in rules.check_stack(config.parse_stack(raw), "sim")[0]]
+    found = [f for f in rules.check_stack(parse_stack(raw), "sim")[0] if f.field == field]
+    assert found and words in found[0].problem, [(f.field, f.problem) for f in rules.check_stack(parse_stack(raw), "sim")[0]]
 
 
 def test_a_bad_monitoring_value_names_its_field():
     raw = cluster_of("sim")
     raw["monitoring"] = {"server": {"retention": "forever"}, "nodeExporter": {"memoryMiB": 8}}
-    with pytest.raises(config.ConfigError) as exc:
-        config.parse_stack(raw)
+    with pytest.raises(ConfigError) as exc:
+        parse_stack(raw)
     assert "cluster.monitoring.server.retention" in str(exc.value) and "cluster.monitoring.nodeExporter.memoryMiB" in str(exc.value)
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from planning import plan
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of, group_of
 
 import fakefabric

@@ -151,7 +151,7 @@ def test_a_rank_left_created_is_down():
 
 
 def test_the_readiness_command_carries_the_groups_restart_command():
-    from declared.config import parse_stack
+    from declared.stack import parse_stack
     from harness import cluster_of
     from planning import stackplan
 

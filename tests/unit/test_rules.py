@@ -3,7 +3,7 @@
 import pytest
 
 from planning import rules
-from declared.config import parse_cluster
+from declared.cluster import parse_cluster
 from harness import cluster_of, group_of
 
 

@@ -6,7 +6,7 @@ config model and for the secrets: each gets shell-injection payloads whose only 
 creating a marker file (MARK: an absolute path in a tmp dir, unique per case). A case is either
 
 - refused at preview: `parse_cluster` raises ConfigError, `rules.check` returns errors, or the program
-  refuses it (`config.load`: pulumi.RunError), or
+  refuses it (`settings.load`: pulumi.RunError), or
 - executed: the program runs under Pulumi mocks (harness.run_program) and every shell script it
   registered (remote/local Command create/update/delete, with their stdin and environment; rank
   containers' `/bin/sh -c` entrypoints with their args and env; the client env file and curl script
@@ -49,7 +49,7 @@ from pydantic import BaseModel
 import harness
 from dspark import clients
 from planning import commands, rules
-from declared.config import ClusterConfig, ConfigError, parse_cluster
+from declared.cluster import ClusterConfig, ConfigError, parse_cluster
 
 STACKS = ("tp4", "tp2", "sim", "sim-tp2", "tp3")
 TIMEOUT = 10  # seconds per script run: a hanging script fails the test instead of hanging it
