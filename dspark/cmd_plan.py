@@ -10,7 +10,7 @@ JSON shape (`--json`):
       "image": {"name": "lmsysorg/sglang:dev-dsv41",
                 "build": null | {"context", "dockerfile", "args", "platform", "digest"}},
       "group_revision": "0123456789abcdef",  # label deepseek-spark.group-revision on every rank
-      "memory_plan": {...},                  # plan.memory_plan(cfg).to_output() (the `memory_plan` output)
+      "memory_plan": {...},                  # memoryplan.memory_plan(cfg).to_output() (the `memory_plan` output)
       "memory_budget": [{"node", "unifiedMiB", "reserveMiB", "budgetMiB", "limitsMiB", "freeMiB", "headroomMiB",
                          "containers": [{"container", "role", "limitMiB", "needMiB"}]}],   # per node, budget.py
       "fabric": {"bootstrap": "fabric", "links": [{"a", "b", "a_ip", "b_ip", "subnet"}],

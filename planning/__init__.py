@@ -1,10 +1,12 @@
 """The pure plan: from a validated config to everything the program will create, computed once.
-`plan` (rank specs, env, flags, memory plan, group revision), `stackplan` (the StackPlan of every
-group and the router), `commands` (every shell command string, quoted), `routing` (the router's
-spec and rotation commands), `monitoring` (scrape targets, dashboard), `clientconfig` (the
-`client_config` output), `budget` (each node's memory budget: every container placed there with its
-limit, the rank's need), and `rules` (the validation rules, here because the memory and argv rules
-evaluate the plan; `budget_rules` and `link_rules` hold more of them and register from `rules`).
+`plan` (rank specs: mounts, limits, the group revision), `launch` (each rank's command line, env and
+entrypoint script), `memoryplan` (the checkpoints' memory profiles, the memory plan, a rank's need and
+limit), `stackplan` (the StackPlan of every group and the router), `commands` (every shell command
+string, quoted), `routing` (the router's spec and rotation commands), `monitoring` (scrape targets,
+dashboard), `clientconfig` (the `client_config` output), `budget` (each node's memory budget: every
+container placed there with its limit, the rank's need), and `rules` (the validation rules, here because
+the memory and argv rules evaluate the plan; `budget_rules` and `link_rules` hold more of them and
+register from `rules`).
 
 May import: the standard library, `declared`, and `programs` (to ship a program's source or read its
 constants). Never `pulumi`: the plan is computed and tested without it, and `dspark plan` prints it.

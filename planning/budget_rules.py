@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from declared.config import ClusterConfig, StackConfig
 
-from . import budget, plan, rules
+from . import budget, memoryplan, rules
 from .budget import NodeBudget
 from .rules import Finding
 
@@ -19,7 +19,7 @@ def _plannable(cfg: ClusterConfig, stack: str) -> bool:
     already say why)."""
     if rules._engine_fields(cfg, stack) or rules._profile(cfg, stack):
         return False
-    return plan.memory_plan(cfg).known
+    return memoryplan.memory_plan(cfg).known
 
 
 def budgets(sc: StackConfig, stack: str) -> tuple[NodeBudget, ...]:

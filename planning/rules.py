@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from . import fabric, plan
+from . import fabric, memoryplan, plan
 from declared import flags
 from declared.shapes import read_only_problem
 from declared.config import LOCAL, SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig, StackConfig
@@ -237,12 +237,12 @@ def is_sim_stack(stack: str) -> bool:
 
 @rule("known-profile")
 def _profile(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
-    names = sorted(n for n, p in plan.PROFILES.items() if p.engine == cfg.engine and n not in plan.TEST_DOUBLE_PROFILES)
-    prof = plan.PROFILES.get(cfg.model.profile)
+    names = sorted(n for n, p in memoryplan.PROFILES.items() if p.engine == cfg.engine and n not in memoryplan.TEST_DOUBLE_PROFILES)
+    prof = memoryplan.PROFILES.get(cfg.model.profile)
     if prof is None or prof.engine != cfg.engine:
         return [Finding("known-profile", "model.profile", cfg.model.profile,
                         f"no memory profile of that name for engine {cfg.engine}", f"use one of {names}")]  # fmt: skip
-    if cfg.model.profile in plan.TEST_DOUBLE_PROFILES and not is_sim_stack(stack):
+    if cfg.model.profile in memoryplan.TEST_DOUBLE_PROFILES and not is_sim_stack(stack):
         return [Finding("known-profile", "model.profile", cfg.model.profile,
                         f"the test double's memory figures (a tiny fake checkpoint) on stack {stack!r}: the memory "
                         "plan would approve anything", f"use one of {names}")]  # fmt: skip
@@ -255,8 +255,8 @@ def _memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
         return []  # reported by known-profile
     if cfg.engine == "vllm":
         return _vllm_memory(cfg)
-    prof = plan.PROFILES[cfg.model.profile]
-    mp = plan.memory_plan(cfg)
+    prof = memoryplan.PROFILES[cfg.model.profile]
+    mp = memoryplan.memory_plan(cfg)
     s = cfg.serving
     if not mp.known:
         return [Finding("memory-plan-fits", "serving.tpSize", s.tp_size,
@@ -276,7 +276,7 @@ def _memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
                         f"more than a Spark's {unified} GiB",
                         "SGLang needs 3+ Sparks for this checkpoint: list 3 or 4 nodes")]  # fmt: skip
     if not head.static_fits:
-        limit = plan.max_tokens_that_fit(cfg)
+        limit = memoryplan.max_tokens_that_fit(cfg)
         out.append(Finding("memory-plan-fits", "serving.maxTotalTokens", s.max_total_tokens,
                            f"the head's static pool ({s.mem_fraction_static:g} x {unified} = {head.static_pool_gib:.1f} GiB) "
                            f"cannot hold weights {head.weights_gib + head.draft_gib:.1f} + KV {head.kv_gib:.1f} + "
@@ -295,9 +295,9 @@ def _memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
 
 
 def _vllm_memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
-    prof = plan.PROFILES[cfg.model.profile]
+    prof = memoryplan.PROFILES[cfg.model.profile]
     s = cfg.serving
-    mp = plan.vllm_memory_plan(cfg)
+    mp = memoryplan.vllm_memory_plan(cfg)
     if not mp.known:
         return [Finding("memory-plan-fits", "serving.tpSize", s.tp_size,
                         f"profile {cfg.model.profile} has published figures for TP={sorted(prof.weights_gib_by_tp)} only",
@@ -305,7 +305,7 @@ def _vllm_memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     r = mp.ranks[0]
     out = []
     if not r.static_fits:
-        fit = max(0, int((r.static_pool_gib - r.weights_gib) / plan.vllm_kv_gib(cfg, 1)))
+        fit = max(0, int((r.static_pool_gib - r.weights_gib) / memoryplan.vllm_kv_gib(cfg, 1)))
         out.append(Finding("memory-plan-fits", "serving.maxModelLen", s.max_model_len,
                            f"gpuMemoryUtilization {s.gpu_memory_utilization:g} x {cfg.memory.unified_gib} = "
                            f"{r.static_pool_gib:.1f} GiB cannot hold weights {r.weights_gib:.0f} + KV {r.kv_gib:.1f} GiB",
@@ -320,7 +320,7 @@ def _vllm_memory(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
 
 @rule("context-length-supported")
 def _context(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
-    prof = plan.PROFILES.get(cfg.model.profile)
+    prof = memoryplan.PROFILES.get(cfg.model.profile)
     s = cfg.serving
     out = []
     if cfg.engine == "vllm":
@@ -400,7 +400,7 @@ def _engine_version(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     ambiguous flag exits at boot. Checked against the real parser's option table where one was dumped
     (declared/options), and against flags.HISTORY for any release."""
     engine, version = cfg.engine, cfg.engine_version
-    profile = plan.PROFILES.get(cfg.model.profile)
+    profile = memoryplan.PROFILES.get(cfg.model.profile)
     if profile is None or profile.engine != engine:
         return []  # known-profile says why; the rank specs (their memory limits) need the profile's figures
     minimum = flags.MIN_VERSION[engine]
@@ -544,7 +544,7 @@ def _image(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
 
 @rule("kv-pin-clamp-warning")
 def _kv_clamp(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
-    prof = plan.PROFILES.get(cfg.model.profile)
+    prof = memoryplan.PROFILES.get(cfg.model.profile)
     if cfg.engine != "sglang" or prof is None or prof.engine != "sglang":
         return []
     published = prof.published_kv_pool_by_tp.get(cfg.serving.tp_size)
@@ -569,14 +569,14 @@ def _ring(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
 
 @rule("vllm-weights-range-warning")
 def _vllm_high(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
-    prof = plan.PROFILES.get(cfg.model.profile)
-    if cfg.engine != "vllm" or prof is None or prof.engine != "vllm" or not plan.vllm_memory_plan(cfg).fits:
+    prof = memoryplan.PROFILES.get(cfg.model.profile)
+    if cfg.engine != "vllm" or prof is None or prof.engine != "vllm" or not memoryplan.vllm_memory_plan(cfg).fits:
         return []
-    high = plan.vllm_memory_plan(cfg, weights="high").ranks[0]
+    high = memoryplan.vllm_memory_plan(cfg, weights="high").ranks[0]
     if high.static_fits:
         return []
     return [Finding("vllm-weights-range-warning", "serving.maxModelLen", cfg.serving.max_model_len,
-                    f"fits with the low end of the published weights ({plan.vllm_memory_plan(cfg).ranks[0].weights_gib:.0f} "
+                    f"fits with the low end of the published weights ({memoryplan.vllm_memory_plan(cfg).ranks[0].weights_gib:.0f} "
                     f"GiB/node) but not with the high end ({high.weights_gib:.0f} GiB: weights + KV {high.static_used_gib:.0f} "
                     f"> {high.static_pool_gib:.0f} GiB)",
                     "if vLLM fails with CUDA out of memory, lower serving.maxModelLen to 65536 or 32768 first",

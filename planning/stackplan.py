@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from . import budget, commands, fabric, plan, routing
+from . import budget, commands, fabric, memoryplan, plan, routing
 from . import gateway as gateway_plan
 from . import alerts, monitoring
 from . import guard as guard_plan
@@ -131,7 +131,7 @@ class ReadinessPlan:
 class AlertTargets:
     """What the alert rules hold the group to (planning/alerts.py)."""
 
-    kv_tokens: int  # the KV pool rank 0 should obtain (plan.expected_kv_tokens)
+    kv_tokens: int  # the KV pool rank 0 should obtain (memoryplan.expected_kv_tokens)
     min_kv_share: float  # readiness.minKvShare: less than this share of kv_tokens is a shortfall
     memory_floor_gib: float  # memory.runtimeFloorGiB: what the plan keeps free on a node while the group serves
     ttft_seconds: float  # alerts.ttftSeconds: the p95 time to first token to stay under
@@ -149,7 +149,7 @@ class StackPlan:
     export: Optional[ExportPlan]
     group: GroupPlan
     readiness: ReadinessPlan
-    memory: plan.MemoryPlan
+    memory: memoryplan.MemoryPlan
     name: Optional[str] = None  # the group's name in a stack with `groups`; None: the stack is one group
     seed: Optional[SeedPlan] = None  # source: download with share.mode: local and workers
     planes: str = ""  # which network carries what, and the checkpoint's modelled boot read (fabric.summary)
@@ -264,7 +264,7 @@ def build(
     budgets = budgets or budget.group_budgets(cfg, stack)
     ranks = [b.rank for b in budgets]
     specs = tuple(plan.group_specs(cfg, stack, limits=[r.limit_mib for r in ranks]))
-    memory = plan.memory_plan(cfg)
+    memory = memoryplan.memory_plan(cfg)
     revision = plan.group_revision(list(specs), plan.image_build_digest(cfg))
     ssh_opts = tuple(commands.ssh_opts(cfg))
     nodes = tuple(
@@ -331,7 +331,7 @@ def build(
         if any(n.download is not None and n.download.from_head for n in nodes) else None,
         guard=guard_plan.build(cfg, stack, stack[: -len(group) - 1] if group else stack,
                                needs=tuple(r.need_mib for r in ranks)),
-        alerts=AlertTargets(plan.expected_kv_tokens(cfg), cfg.readiness.min_kv_share, cfg.memory.runtime_floor_gib,
+        alerts=AlertTargets(memoryplan.expected_kv_tokens(cfg), cfg.readiness.min_kv_share, cfg.memory.runtime_floor_gib,
                             cfg.alerts.ttft_seconds),
     )
 
