@@ -40,14 +40,14 @@ import shlex
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from planning import fabric, plan, rules
+from planning import fabric, plan, rulebook, rules
 
 from .nodes import preflight_checks
 from .render import table, to_json
 from .stack import Stack
 
 
-def _finding(f: rules.Finding) -> dict:
+def _finding(f: rulebook.Finding) -> dict:
     return {"rule": f.rule, "field": f.field, "value": f.value, "problem": f.problem, "fix": f.fix}
 
 

@@ -5,8 +5,9 @@ limit), `stackplan` (the StackPlan of every group and the router), `commands` (e
 string, quoted), `routing` (the router's spec and rotation commands), `monitoring` (scrape targets,
 dashboard), `clientconfig` (the `client_config` output), `budget` (each node's memory budget: every
 container placed there with its limit, the rank's need), and `rules` (the validation rules, here because
-the memory and argv rules evaluate the plan; `budget_rules` and `link_rules` hold more of them and
-register from `rules`).
+the memory and argv rules evaluate the plan: `rulebook` is their framework, `node_rules`, `link_rules`,
+`serving_rules`, `memory_rules`, `router_rules`, `budget_rules` and `monitoring_rules` hold them by area,
+and `rules` runs them all in order).
 
 May import: the standard library, `declared`, and `programs` (to ship a program's source or read its
 constants). Never `pulumi`: the plan is computed and tested without it, and `dspark plan` prints it.
