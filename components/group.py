@@ -13,7 +13,7 @@ from pulumi_command import local, remote
 from planning import launch, plan
 from .fabric import FabricGate, FabricGateArgs
 from .node import SparkNode
-from planning.stackplan import GroupPlan
+from planning.clusterplan import GroupPlan
 
 GENERATION_LABEL = "deepseek-spark.generation"
 

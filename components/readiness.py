@@ -14,7 +14,7 @@ import pulumi
 from pulumi_command import local
 
 from planning import commands, memoryplan
-from planning.stackplan import ReadinessPlan
+from planning.clusterplan import ReadinessPlan
 
 
 @dataclass(frozen=True)

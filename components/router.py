@@ -20,7 +20,8 @@ from pulumi_command import local, remote
 
 from planning import commands, launch
 from .node import connection
-from planning.stackplan import ARGCHECK_PROGRAM, MemberPlan, RouterPlan
+from planning.clusterplan import MemberPlan, RouterPlan
+from planning.stackplan import ARGCHECK_PROGRAM
 
 LOCAL_DOCKER = "unix:///var/run/docker.sock"  # router.node: local
 

@@ -16,7 +16,7 @@ from declared.config import parse_stack
 from harness import cluster_of
 from planning import budget, budget_rules, rulebook, rules, stackplan
 from planning.budget import NodeBudget, Placed
-from planning.stackplan import NodePlan
+from planning.nodeplan import NodePlan
 
 STACKS = ["tp2", "tp3", "tp4", "tp4x2", "sim", "sim-tp2", "sim-x2", "sim-team"]
 NODE_RULE = dict(rules.STACK_RULES)["node-memory-budget"]

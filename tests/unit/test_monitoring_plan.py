@@ -14,7 +14,7 @@ import yaml
 
 from declared import config
 from harness import cluster_of, with_known_hosts
-from planning import alerts, monitoring, prometheus, rules, stackplan
+from planning import alerts, clusterplan, monitoring, prometheus, rules, stackplan
 
 WEBHOOK = "https://hooks.slack.example/services/T000/B000/sEcReTwEbHoOk"
 
@@ -29,7 +29,7 @@ def tool(name: str) -> str:
     return exe
 
 
-def stack_with(stack: str, **monitoring_cfg) -> tuple[config.StackConfig, stackplan.ClusterPlan]:
+def stack_with(stack: str, **monitoring_cfg) -> tuple[config.StackConfig, clusterplan.ClusterPlan]:
     raw = with_known_hosts(cluster_of(stack))
     raw["monitoring"] = {**raw.get("monitoring", {}), **monitoring_cfg}
     sc = config.parse_stack(raw)
