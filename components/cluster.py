@@ -19,7 +19,7 @@ from .sglang import SglangGroup
 from .share import CheckpointShare, CheckpointShareArgs
 from .router import Router, router_member
 from planning.clientconfig import client_config
-from planning.stackplan import MemberPlan, StackPlan
+from planning.clusterplan import MemberPlan, StackPlan
 from .vllm import VllmRayGroup
 
 

@@ -17,7 +17,7 @@ from .gateway import Gateway, GatewayArgs
 from .monitoring import Monitoring, MonitoringArgs
 from .readiness import Readiness, ReadinessArgs
 from .router import Router, RouterArgs
-from planning.stackplan import ClusterPlan, StackPlan
+from planning.clusterplan import ClusterPlan, StackPlan
 
 
 def group_output(sp: StackPlan) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pulumi_command import remote
 
 from planning import gateway as gateway_plan
 from planning.gateway import ContainerPlan, GatewayPlan
-from planning.stackplan import ReadinessPlan
+from planning.clusterplan import ReadinessPlan
 from .keys import generated_key
 from .node import connection
 from .readiness import Readiness, ReadinessArgs

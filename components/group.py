@@ -10,10 +10,10 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import local, remote
 
-from planning import plan
+from planning import launch, plan
 from .fabric import FabricGate, FabricGateArgs
 from .node import SparkNode
-from planning.stackplan import GroupPlan
+from planning.clusterplan import GroupPlan
 
 GENERATION_LABEL = "deepseek-spark.generation"
 
@@ -98,9 +98,9 @@ def container_args(
 
 def volume_names(args: GroupArgs, rank: int) -> dict[str, Any]:
     """The names of the volumes rank `rank` mounts, by mount target (outputs: property dependencies)."""
-    names = {plan.MODEL_MOUNT: args.volumes[rank].name}
+    names = {launch.MODEL_MOUNT: args.volumes[rank].name}
     if args.caches:
-        names[plan.CACHE_MOUNT] = args.caches[rank].name
+        names[launch.CACHE_MOUNT] = args.caches[rank].name
     return names
 
 

@@ -13,7 +13,7 @@ import pulumi_docker as docker
 from pulumi_command import local
 
 from .node import SparkNode
-from planning.stackplan import ImagePlan
+from planning.clusterplan import ImagePlan
 
 
 def image_key(image: pulumi.CustomResource) -> pulumi.Output:

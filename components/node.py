@@ -10,7 +10,7 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from planning.stackplan import NodePlan
+from planning.nodeplan import NodePlan
 
 
 def connection(node: NodePlan, private_key: Optional[Any]) -> remote.ConnectionArgs:

@@ -13,8 +13,8 @@ from typing import Any, Optional
 import pulumi
 from pulumi_command import local
 
-from planning import commands, plan
-from planning.stackplan import ReadinessPlan
+from planning import commands, memoryplan
+from planning.clusterplan import ReadinessPlan
 
 
 @dataclass(frozen=True)
@@ -46,5 +46,5 @@ class Readiness(pulumi.ComponentResource):
         )
         self.ready = self.check.stdout.apply(lambda _: True)
         # What rank 0 reported it obtained (KV pool, DSPARK, context), from the probe's last line.
-        self.boot = self.check.stdout.apply(plan.boot_from_probe)
+        self.boot = self.check.stdout.apply(memoryplan.boot_from_probe)
         self.register_outputs({"ready": self.ready, "boot": self.boot})

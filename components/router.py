@@ -18,9 +18,10 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import local, remote
 
-from planning import commands, plan
+from planning import commands, launch
 from .node import connection
-from planning.stackplan import ARGCHECK_PROGRAM, MemberPlan, RouterPlan
+from planning.clusterplan import MemberPlan, RouterPlan
+from planning.stackplan import ARGCHECK_PROGRAM
 
 LOCAL_DOCKER = "unix:///var/run/docker.sock"  # router.node: local
 
@@ -102,7 +103,7 @@ class Router(pulumi.ComponentResource):
             memory_swap=spec.memory_mib,
             mounts=[
                 docker.ContainerMountArgs(
-                    target=plan.API_KEY_MOUNT, source=spec.key_file, type="bind", read_only=True
+                    target=launch.API_KEY_MOUNT, source=spec.key_file, type="bind", read_only=True
                 )
             ],
             restart=spec.restart,

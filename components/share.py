@@ -18,7 +18,7 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from .node import SparkNode
-from planning.stackplan import ExportPlan, SeedPlan
+from planning.clusterplan import ExportPlan, SeedPlan
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ class ModelConfig(_Strict):
     revision: Revision = Field(description="checkpoint revision; repacks/re-downloads when it changes")
     expected_shards: int = Field(default=48, ge=1, le=100_000, description="safetensors files of the complete "
                                  "checkpoint: preflight, the download and the copy count them")  # fmt: skip
-    profile: Name = Field(description="memory profile, see plan.PROFILES (default per engine)")
+    profile: Name = Field(description="memory profile, see planning/memoryplan.py PROFILES (default per engine)")
     source: Literal["shared", "download"] = Field(
         default="shared", description="shared: already on disk; download: fetched per node from hfRepo at revision"
     )

@@ -1,6 +1,6 @@
 """The engine flags the program sets itself, and which `serving.extraArgs` element would set one.
 
-Why this exists: `plan.sglang_args` / `plan.vllm_serve_args` append `serving.extraArgs` LAST, so
+Why this exists: `launch.sglang_args` / `launch.vllm_serve_args` append `serving.extraArgs` LAST, so
 an extra flag that names a setting the program already put on the command line wins over the
 validated value. Comparing the text before `=` with a set of flag names is not enough, because
 the engines parse with argparse:
@@ -12,7 +12,7 @@ the engines parse with argparse:
   SGLang's `prepare_server_args` builds `argparse.ArgumentParser(prog="sglang serve")`; vLLM's
   `FlexibleArgumentParser` and the `serve` subparser (`subparsers.add_parser`) never pass
   `allow_abbrev`. SGLang even relies on it: upstream declares no `--tp`, it is the abbreviation
-  of `--tp-size` the docs and `plan.sglang_args` use.
+  of `--tp-size` the docs and `launch.sglang_args` use.
   A single-dash prefix is matched whatever `allow_abbrev` says (CPython's `_get_option_tuples`):
   `-t 8` sets vLLM's `-tp`.
 - underscores: vLLM's `FlexibleArgumentParser.parse_args` rewrites `--max_model_len` to
@@ -29,7 +29,7 @@ options in sim/testdouble/flags.py or the stack files is; tests/unit/test_flags.
 Values (elements not starting with `-`) are never looked at; a value that itself starts with `-`
 and prefixes a managed option (e.g. `-t`) is refused too.
 
-Pure data + one function, stdlib only: `planning/rules.py` (rule `extra-args-not-managed`)
+Pure data + one function, stdlib only: `planning/serving_rules.py` (rule `extra-args-not-managed`)
 is the consumer.
 """
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class ManagedFlag:
-    flag: str  # the spelling the program writes (plan.sglang_args / plan.vllm_serve_args)
+    flag: str  # the spelling the program writes (launch.sglang_args / launch.vllm_serve_args)
     aliases: tuple[str, ...]  # other option strings of the same engine argument
     setting: str  # where the program's value comes from
     source: str  # where the engine defines the option
@@ -57,14 +57,14 @@ _SGL_ADD = "sglang/srt/server_args.py ServerArgs.add_cli_args"
 _VLLM_ENGINE = "vllm/engine/arg_utils.py EngineArgs.add_cli_args"
 _VLLM_FRONTEND = "vllm/entrypoints/common/cli_args.py FrontendArgs (0.33; vllm/entrypoints/openai/cli_args.py before)"
 
-# `python3 -m sglang.launch_server` as plan.sglang_args builds it; --api-key is appended by the
-# launch wrapper on the head (plan.launch_wrapper, key="arg").
+# `python3 -m sglang.launch_server` as launch.sglang_args builds it; --api-key is appended by the
+# launch wrapper on the head (launch.launch_wrapper, key="arg").
 SGLANG: tuple[ManagedFlag, ...] = (
-    ManagedFlag("--model-path", ("--model",), "the checkpoint mount (plan.MODEL_MOUNT)",
+    ManagedFlag("--model-path", ("--model",), "the checkpoint mount (launch.MODEL_MOUNT)",
                 f"{_SGL}model.py model_path, Arg(aliases=['--model'])"),
     ManagedFlag("--served-model-name", (), "model.servedName", f"{_SGL}model.py served_model_name"),
-    ManagedFlag("--trust-remote-code", (), "always on (plan.sglang_args)", f"{_SGL}model.py trust_remote_code (switch)"),
-    ManagedFlag("--load-format", (), "fixed: safetensors (plan.sglang_args)", f"{_SGL}model.py load_format"),
+    ManagedFlag("--trust-remote-code", (), "always on (launch.sglang_args)", f"{_SGL}model.py trust_remote_code (switch)"),
+    ManagedFlag("--load-format", (), "fixed: safetensors (launch.sglang_args)", f"{_SGL}model.py load_format"),
     ManagedFlag("--tp", ("--tp-size", "--tensor-parallel-size"), "serving.tpSize",
                 f"{_SGL}parallel.py tp_size, Arg(aliases=['--tensor-parallel-size']); `--tp` is argparse's "
                 "abbreviation of --tp-size (no other option starts with it)"),
@@ -74,7 +74,7 @@ SGLANG: tuple[ManagedFlag, ...] = (
     ManagedFlag("--node-rank", (), "the rank's index in nodes", f"{_SGL}parallel.py node_rank"),
     ManagedFlag("--dist-init-addr", ("--nccl-init-addr",), "head fabricIp + serving.distPort",
                 f"{_SGL}parallel.py dist_init_addr"),
-    ManagedFlag("--host", (), "fixed: 0.0.0.0 (plan.sglang_args)", f"{_SGL}serving.py host"),
+    ManagedFlag("--host", (), "fixed: 0.0.0.0 (launch.sglang_args)", f"{_SGL}serving.py host"),
     ManagedFlag("--port", (), "serving.port", f"{_SGL}serving.py port"),
     ManagedFlag("--api-key", (), "the apiKey secret, appended by the launch wrapper", f"{_SGL}serving.py api_key"),
     ManagedFlag("--context-length", (), "serving.contextLength", f"{_SGL}model.py context_length"),
@@ -84,22 +84,22 @@ SGLANG: tuple[ManagedFlag, ...] = (
                 f"{_SGL}exec_.py cuda_graph_max_bs_decode (0.5.15+; `--cuda-graph-max-bs` is gone from 0.5.20)"),
     ManagedFlag("--mem-fraction-static", (), "serving.memFractionStatic", f"{_SGL}memory.py mem_fraction_static"),
     ManagedFlag("--chunked-prefill-size", (), "serving.chunkedPrefillSize", f"{_SGL}schedule.py chunked_prefill_size"),
-    ManagedFlag("--random-seed", (), "fixed: 0 (plan.sglang_args)", f"{_SGL}model.py random_seed"),
+    ManagedFlag("--random-seed", (), "fixed: 0 (launch.sglang_args)", f"{_SGL}model.py random_seed"),
     ManagedFlag("--enable-decoder-swa-bounded-replay", ("--no-enable-decoder-swa-bounded-replay",),
-                "always on (plan.sglang_args)",
+                "always on (launch.sglang_args)",
                 f"{_SGL}exec_.py enable_decoder_swa_bounded_replay (BooleanOptionalAction: --no- turns it off)"),
-    ManagedFlag("--tool-call-parser", (), "fixed: deepseekv41 (plan.sglang_args)", f"{_SGL_ADD} --tool-call-parser (dynamic choices)"),
-    ManagedFlag("--reasoning-parser", (), "fixed: deepseek-v41 (plan.sglang_args)",
+    ManagedFlag("--tool-call-parser", (), "fixed: deepseekv41 (launch.sglang_args)", f"{_SGL_ADD} --tool-call-parser (dynamic choices)"),
+    ManagedFlag("--reasoning-parser", (), "fixed: deepseek-v41 (launch.sglang_args)",
                 f"{_SGL_ADD} --reasoning-parser (dynamic choices)"),
     ManagedFlag("--speculative-algorithm", (), "serving.specAlgo", f"{_SGL}spec.py speculative_algorithm"),
     ManagedFlag("--speculative-dspark-block-size", (), "serving.dsparkBlockSize",
                 f"{_SGL}spec.py speculative_dspark_block_size"),
 )  # fmt: skip
 
-# `vllm serve MODEL ...` as plan.vllm_serve_args builds it; the API key reaches vLLM as
-# VLLM_API_KEY (plan.launch_wrapper, key="env:VLLM_API_KEY"), so --api-key would replace it.
+# `vllm serve MODEL ...` as launch.vllm_serve_args builds it; the API key reaches vLLM as
+# VLLM_API_KEY (launch.launch_wrapper, key="env:VLLM_API_KEY"), so --api-key would replace it.
 VLLM: tuple[ManagedFlag, ...] = (
-    ManagedFlag("--model", (), "the positional MODEL: the checkpoint mount (plan.MODEL_MOUNT)",
+    ManagedFlag("--model", (), "the positional MODEL: the checkpoint mount (launch.MODEL_MOUNT)",
                 f"{_VLLM_ENGINE} model_group '--model'; positional model_tag in vllm/entrypoints/openai/"
                 "cli_args.py make_arg_parser; FlexibleArgumentParser.parse_args moves `--model X` there"),
     ManagedFlag("--served-model-name", (), "model.servedName", f"{_VLLM_ENGINE} model_group"),
@@ -111,7 +111,7 @@ VLLM: tuple[ManagedFlag, ...] = (
     ManagedFlag("--max-model-len", (), "serving.maxModelLen", f"{_VLLM_ENGINE} model_group"),
     ManagedFlag("--gpu-memory-utilization", ("--device-memory-utilization",), "serving.gpuMemoryUtilization",
                 f"{_VLLM_ENGINE} cache_group (--device-memory-utilization: its alias)"),
-    ManagedFlag("--host", (), "fixed: 0.0.0.0 (plan.vllm_serve_args)", f"{_VLLM_FRONTEND}.host"),
+    ManagedFlag("--host", (), "fixed: 0.0.0.0 (launch.vllm_serve_args)", f"{_VLLM_FRONTEND}.host"),
     ManagedFlag("--port", (), "serving.port", f"{_VLLM_FRONTEND}.port"),
     ManagedFlag("--api-key", (), "the apiKey secret, exported as VLLM_API_KEY", f"{_VLLM_FRONTEND}.api_key"),
     ManagedFlag("--max-num-seqs", (), "serving.maxRunningRequests", f"{_VLLM_ENGINE} scheduler_group"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from declared.cluster import ClusterConfig
-from planning import plan
+from planning import memoryplan
 
 NO_REFERENCE_TEST_DOUBLE = "no reference (test double)"
 # The published figures, keyed by engine and TP size: the reference a run is compared with.
@@ -51,7 +51,7 @@ REFERENCES: dict[str, dict[str, Any]] = {
 
 
 def is_test_double(cfg: ClusterConfig) -> bool:
-    return cfg.model.profile in plan.TEST_DOUBLE_PROFILES
+    return cfg.model.profile in memoryplan.TEST_DOUBLE_PROFILES
 
 
 def reference_key(cfg: ClusterConfig) -> str:

@@ -24,7 +24,7 @@ import socket
 import time
 from typing import Optional, TextIO
 
-from planning import commands, stackplan
+from planning import commands
 from planning import guard as guard_plan
 
 from .nodes import SSH_FAILED, Node, Nodes, inspect_cmd, parse_inspect, sh_c

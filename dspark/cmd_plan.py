@@ -10,7 +10,7 @@ JSON shape (`--json`):
       "image": {"name": "lmsysorg/sglang:dev-dsv41",
                 "build": null | {"context", "dockerfile", "args", "platform", "digest"}},
       "group_revision": "0123456789abcdef",  # label deepseek-spark.group-revision on every rank
-      "memory_plan": {...},                  # plan.memory_plan(cfg).to_output() (the `memory_plan` output)
+      "memory_plan": {...},                  # memoryplan.memory_plan(cfg).to_output() (the `memory_plan` output)
       "memory_budget": [{"node", "unifiedMiB", "reserveMiB", "budgetMiB", "limitsMiB", "freeMiB", "headroomMiB",
                          "containers": [{"container", "role", "limitMiB", "needMiB"}]}],   # per node, budget.py
       "fabric": {"bootstrap": "fabric", "links": [{"a", "b", "a_ip", "b_ip", "subnet"}],
@@ -40,14 +40,14 @@ import shlex
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from planning import fabric, plan, rules
+from planning import fabric, plan, rulebook, rules
 
 from .nodes import preflight_checks
 from .render import table, to_json
 from .stack import Stack
 
 
-def _finding(f: rules.Finding) -> dict:
+def _finding(f: rulebook.Finding) -> dict:
     return {"rule": f.rule, "field": f.field, "value": f.value, "problem": f.problem, "fix": f.fix}
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import yaml
 
 from dspark import clients
-from planning import plan, rules, stackplan
+from planning import clusterplan, plan, rules, stackplan
 from declared.cluster import CLUSTER_KEY, PROJECT, ClusterConfig, ConfigError
 from declared.stack import StackConfig, parse_stack
 
@@ -121,7 +121,7 @@ class Stack:
 
     # ------------------------------------------------------------------ derived
 
-    def group_plan(self) -> stackplan.StackPlan:
+    def group_plan(self) -> clusterplan.StackPlan:
         """The group's plan as the program builds it: within the whole stack, whose router and gateway share
         its nodes' memory budgets (and so the ranks' limits). A stack whose config breaks a stack rule
         (which `plan` reports) is planned as the group alone."""

@@ -24,12 +24,10 @@ the fabric gate's own floor (fabric.minBandwidthGbps, as the guard serves it); a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
+from .clusterplan import ClusterPlan, StackPlan
 from .monitoring import serves_metrics
-
-if TYPE_CHECKING:  # types only: the stack plan imports this module
-    from .stackplan import ClusterPlan, StackPlan
 
 GIB = 1 << 30
 DOWN_FOR = "30s"  # a group, rank or rail down this long: scrape, evaluation and Alertmanager still fit in a minute

@@ -3,10 +3,10 @@ the stack places on that node with its memory limit and, for the rank, what it n
 
 On a Spark the GPU's memory is the host's, so everything on a node shares one figure:
 
-    budget     = memory.unifiedGiB - memory.hostReserveGiB           (plan.node_budget_mib)
+    budget     = memory.unifiedGiB - memory.hostReserveGiB           (memoryplan.node_budget_mib)
     rank limit = min(what the rank wants: its static pool + what it needs outside it + the runtime floor,
-                     the budget less the limits of the node's other containers)   (plan.rank_memory_mib)
-    rank need  = what the memory gate wants available when the rank starts       (plan.rank_need_mib)
+                     the budget less the limits of the node's other containers)   (memoryplan.rank_memory_mib)
+    rank need  = what the memory gate wants available when the rank starts       (memoryplan.rank_need_mib)
 
 The budget is computed from the validated stack config, before the plan: the rank's limit is an input of
 the plan (RankSpec.memory_mib, part of the group revision), and the rules check the budget before any
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from . import gateway, guard, plan, routing
+from . import gateway, guard, memoryplan, plan, routing
 from declared.cluster import ClusterConfig
 from declared.stack import LOCAL, StackConfig
 
@@ -150,10 +150,10 @@ def group_field(sc: StackConfig, group: int, path: str) -> str:
 
 def own_containers(cfg: ClusterConfig, name: str, node: str, prefix: str = "") -> tuple[Placed, ...]:
     """What the group itself places on each of its nodes beside its rank: the guard (serving.selfHeal, its limit
-    plan.guard_memory_mib: the figure rank_memory_mib leaves out). `prefix`: the group's field prefix."""
-    if not plan.guard_memory_mib(cfg):
+    memoryplan.guard_memory_mib: the figure rank_memory_mib leaves out). `prefix`: the group's field prefix."""
+    if not memoryplan.guard_memory_mib(cfg):
         return ()
-    return (Placed(node, guard.container_name(name), "guard", plan.guard_memory_mib(cfg),
+    return (Placed(node, guard.container_name(name), "guard", memoryplan.guard_memory_mib(cfg),
                    field=f"{prefix}serving.selfHeal.memoryMiB"),)  # fmt: skip
 
 
@@ -166,10 +166,10 @@ def group_budgets(cfg: ClusterConfig, name: str, side: list[Placed] | tuple[Plac
     out = []
     for rank, node in enumerate(cfg.nodes):
         others = tuple(p for p in side if p.node == node.name)
-        limit = plan.rank_memory_mib(cfg, rank, sum(p.limit_mib for p in others))
-        rank_entry = Placed(node.name, plan.container_name(name, rank), RANK, limit, plan.rank_need_mib(cfg, rank))
+        limit = memoryplan.rank_memory_mib(cfg, rank, sum(p.limit_mib for p in others))
+        rank_entry = Placed(node.name, plan.container_name(name, rank), RANK, limit, memoryplan.rank_need_mib(cfg, rank))
         unified = int(cfg.memory.unified_gib * 1024)
-        reserve = unified - plan.node_budget_mib(cfg)  # memory.hostReserveGiB, rounded up
+        reserve = unified - memoryplan.node_budget_mib(cfg)  # memory.hostReserveGiB, rounded up
         own = own_containers(cfg, name, node.name, prefix)
         out.append(NodeBudget(node.name, group, unified, reserve, (rank_entry, *others, *own)))
     return tuple(out)

@@ -1,8 +1,8 @@
 """The rules on each node's memory budget (planning/budget.py), checked at preview with the others.
 
-They are stack rules (rules.stack_rule): a node's budget counts the containers the router and the
-gateway place beside its rank. Registered when planning.rules is imported (its last line imports this
-module), so `rules.STACK_RULES` holds them wherever the rules run.
+They are stack rules (rulebook.stack_rule): a node's budget counts the containers the router and the
+gateway place beside its rank. Registered when planning.rules imports this module, so `rules.STACK_RULES`
+holds them wherever the rules run.
 """
 
 from __future__ import annotations
@@ -10,17 +10,19 @@ from __future__ import annotations
 from declared.cluster import ClusterConfig
 from declared.stack import StackConfig
 
-from . import budget, plan, rules
+from . import budget, memoryplan
 from .budget import NodeBudget
-from .rules import Finding
+from .memory_rules import known_profile
+from .rulebook import Finding, stack_rule
+from .serving_rules import engine_fields
 
 
 def _plannable(cfg: ClusterConfig, stack: str) -> bool:
     """The group's memory plan can be computed (otherwise engine-fields, known-profile or memory-plan-fits
     already say why)."""
-    if rules._engine_fields(cfg, stack) or rules._profile(cfg, stack):
+    if engine_fields(cfg, stack) or known_profile(cfg, stack):
         return False
-    return plan.memory_plan(cfg).known
+    return memoryplan.memory_plan(cfg).known
 
 
 def budgets(sc: StackConfig, stack: str) -> tuple[NodeBudget, ...]:
@@ -102,13 +104,13 @@ def problems(b: NodeBudget, sc: StackConfig) -> list[Finding]:
     return out
 
 
-@rules.stack_rule("node-memory-budget")
+@stack_rule("node-memory-budget")
 def _node_budget(sc: StackConfig, stack: str = "") -> list[Finding]:
     """Every container on a node within the node's budget, and every rank's limit at least its need."""
     return [f for b in budgets(sc, stack) for f in problems(b, sc)]
 
 
-@rules.stack_rule("node-memory-headroom-warning")
+@stack_rule("node-memory-headroom-warning")
 def _thin(sc: StackConfig, stack: str = "") -> list[Finding]:
     """A rank whose limit leaves little above its need: a little more than the plan's figures kills it."""
     out = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from . import fabric, plan
+from . import fabric, launch, memoryplan, plan
 from declared.cluster import ClusterConfig
 
 q = shlex.quote
@@ -107,7 +107,7 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
 
 
 def _engram_space(cfg: ClusterConfig, rank: int) -> list[str]:
-    need_kb = int(plan.engram_shard_gib(cfg) * 1024 * 1024)
+    need_kb = int(memoryplan.engram_shard_gib(cfg) * 1024 * 1024)
     files = " ".join(q(f"{cfg.engram.dir}/{name}") for name in plan.shard_files(rank, cfg.serving.tp_size))
     return [
         f"edir={q(cfg.engram.dir)}",
@@ -116,7 +116,7 @@ def _engram_space(cfg: ClusterConfig, rank: int) -> list[str]:
         "avail=$(df -Pk \"$d\" | awk 'NR==2 {print $4}')",
         f'if [ "$present" -eq 1 ] || [ "${{avail:-0}}" -ge {need_kb} ]; then ok engram-space; else '
         f'fail engram-space "$d has $((avail / 1048576)) GiB free, the rank {rank} shard needs '
-        f'{plan.engram_shard_gib(cfg):.1f} GiB; free space or point engram.dir at a larger NVMe"; fi',
+        f'{memoryplan.engram_shard_gib(cfg):.1f} GiB; free space or point engram.dir at a larger NVMe"; fi',
     ]
 
 
@@ -302,9 +302,9 @@ def engram_pack(cfg: ClusterConfig, stack: str, rank: int) -> str:
         f"docker run --rm --network none --entrypoint test {q(cfg.image)} -f /opt/dsv41/scripts/pack_engram.py || "
         f"{{ echo {q(f'engram pack: {cfg.image} has no DSV4.1 adapter (/opt/dsv41); build the recipe overlay image on top of lmsysorg/sglang:dev-dsv41 and set image: to it')} >&2; exit 1; }}\n"
         f"docker run --rm --name {q(name)} --network none --entrypoint python3 "
-        f"-v {q(plan.checkpoint_volume_name(stack) + ':' + plan.MODEL_MOUNT + ':ro')} "
-        f'-v "$dir":{q(plan.ENGRAM_MOUNT)} {q(cfg.image)} /opt/dsv41/scripts/pack_engram.py '
-        f"--model {q(plan.MODEL_MOUNT)} --out {q(plan.ENGRAM_MOUNT)} --rank {rank} --tp {tp} "
+        f"-v {q(plan.checkpoint_volume_name(stack) + ':' + launch.MODEL_MOUNT + ':ro')} "
+        f'-v "$dir":{q(launch.ENGRAM_MOUNT)} {q(cfg.image)} /opt/dsv41/scripts/pack_engram.py '
+        f"--model {q(launch.MODEL_MOUNT)} --out {q(launch.ENGRAM_MOUNT)} --rank {rank} --tp {tp} "
         f"--layers {','.join(str(layer) for layer in plan.ENGRAM_LAYERS)}\n"
         f"printf '%s\\n' \"$rev\" > \"$stamp\"\n"
         f'echo "engram r{rank}of{tp} packed in $dir"\n'
@@ -394,7 +394,7 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hi
             f"--expect {q(r.expect)}",
             f"--key-env {READINESS_KEY_ENV}",
             # what rank 0 must report it obtained (its boot log), against the plan
-            *([f"--engine {cfg.engine}", f"--expect-kv-tokens {plan.expected_kv_tokens(cfg)}",
+            *([f"--engine {cfg.engine}", f"--expect-kv-tokens {memoryplan.expected_kv_tokens(cfg)}",
                f"--min-kv-share {r.min_kv_share:g}", f"--kv-shortfall {r.kv_shortfall}"] if ranks else []),
             *ranks,
             *([f"--restart-hint {q(restart_hint)}"] if ranks and restart_hint else []),
@@ -423,9 +423,9 @@ def fabric_gate(cfg: ClusterConfig) -> str | None:
 
 def memgate_args(cfg: ClusterConfig, rank: int, report_only: bool = False, need_mib: int | None = None) -> list[str]:
     """programs/memgate.py's arguments on the rank's node (the program's gate and the guard's): MemAvailable
-    against the rank's need (`need_mib`: its node's budget entry, planning/budget.py; default plan.rank_need_mib,
+    against the rank's need (`need_mib`: its node's budget entry, planning/budget.py; default memoryplan.rank_need_mib,
     the same figure)."""
-    need = plan.rank_need_mib(cfg, rank) if need_mib is None else need_mib
+    need = memoryplan.rank_need_mib(cfg, rank) if need_mib is None else need_mib
     args = ["--node", cfg.nodes[rank].name, "--role", "head" if rank == 0 else "worker",
             "--need-mib", str(int(need))]  # fmt: skip
     if report_only:
@@ -456,7 +456,7 @@ def argcheck(spec: plan.RankSpec, checks: list[tuple[str, list[str]]], volume: s
     DSPARK draft weights are looked up there). Exits non-zero, naming node, rank, flag and the
     engine's own message, when the image refuses what the rank would run."""
     env = [f"-e {q(f'{k}={v}')}" for k, v in sorted(spec.env.items())]
-    mount = f"--mount {q(f'type=volume,source={volume},target={plan.MODEL_MOUNT},readonly')}"
+    mount = f"--mount {q(f'type=volume,source={volume},target={launch.MODEL_MOUNT},readonly')}"
     return image_check(spec.image, spec.node, str(spec.rank), checks, [*env, mount])
 
 

@@ -23,15 +23,13 @@ import hashlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import yaml
 
 from declared.stack import GatewayConfig, MemberConfig
 from .commands import secret_file_create, secret_file_delete
-
-if TYPE_CHECKING:
-    from .stackplan import NodePlan
+from .nodeplan import NodePlan
 
 q = shlex.quote
 
@@ -68,7 +66,7 @@ class ContainerPlan:
 @dataclass(frozen=True)
 class GatewayPlan:
     stack: str
-    node: "NodePlan"  # where both containers run (its docker provider and ssh connection)
+    node: NodePlan  # where both containers run (its docker provider and ssh connection)
     image: str
     url: str  # http://host:port: what clients reach
     upstream: str  # the stack's internal endpoint (router or group), ends in /v1
@@ -184,7 +182,7 @@ def secrets_env(admin_key: str, metrics_key: str, upstream_key: str, db_password
 
 
 def build(
-    gw: GatewayConfig, stack: str, node: "NodePlan", state_dir: str, sudo: str, model: str, upstream: str,
+    gw: GatewayConfig, stack: str, node: NodePlan, state_dir: str, sudo: str, model: str, upstream: str,
     readiness: str, readiness_timeout_minutes: int,
 ) -> GatewayPlan:
     """The gateway on `node`, files under `state_dir`, in front of `upstream`."""

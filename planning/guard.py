@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from . import commands, plan
+from . import commands, launch, plan
 from declared.cluster import ClusterConfig
 
 q = shlex.quote
@@ -144,7 +144,7 @@ class GuardPlan:
         """The leader's `--leader` document, given the rank containers' IDs: its peers, how to heal, when to stop."""
         peers = [{"rank": p.rank, "node": p.node, "url": p.url, "container": ids[p.rank]} for p in self.nodes[1:]]
         return json.dumps({"peers": peers, "heal": self.heal, "settings": self.settings,
-                           "key_file": plan.API_KEY_MOUNT, "interval": self.interval}, sort_keys=True)  # fmt: skip
+                           "key_file": launch.API_KEY_MOUNT, "interval": self.interval}, sort_keys=True)  # fmt: skip
 
     def args(self, rank: int, ids: dict[int, str]) -> list[str]:
         """The guard's arguments on node `rank`, given the rank containers' IDs (Pulumi's outputs)."""
@@ -188,7 +188,7 @@ def build(cfg: ClusterConfig, group: str, stack: str, router: Optional[str] = No
             gates.append(("memory", "memgate.py", tuple(commands.memgate_args(cfg, rank, need_mib=need))))
         mounts = [GuardMount(STATE_MOUNT, d, False), GuardMount(DOCKER_SOCKET, DOCKER_SOCKET, False)]
         if rank == 0:  # the leader asks the group (and the router) with the stack's key, as readiness does
-            mounts.append(GuardMount(plan.API_KEY_MOUNT, plan.api_key_path(cfg, group), True))
+            mounts.append(GuardMount(launch.API_KEY_MOUNT, plan.api_key_path(cfg, group), True))
         nodes.append(GuardNode(
             rank=rank, node=n.name, host=n.host, container_name=container_name(group), memory_mib=sh.memory_mib, image=cfg.image, dir=d,
             bundle_write=bundle_write(f"{d}/{ARCHIVE}", s), bundle_delete=bundle_delete(d, s),

@@ -2,7 +2,7 @@
 others: every address once in the cluster, and, where nodes are cabled to each other (topology direct
 or ring), each on the subnet of exactly the one peer its cable reaches. fabric.link pairs nodes by
 subnet, so an address that breaks this sends NCCL, NFS or the bandwidth gate down the wrong cable, or
-down none. Registered when planning.rules is imported (its last line imports this module).
+down none. Registered with the others when planning/rules.py imports this module.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import ipaddress
 
 from declared.cluster import ClusterConfig
 
-from . import fabric, rules
-from .rules import Finding
+from . import fabric
+from .rulebook import Finding, rule
 
 RULE = "fabric-link-ips"
 
@@ -36,7 +36,7 @@ def _owner(cfg: ClusterConfig, ip: str, skip: int) -> tuple[int, str] | None:
     return None
 
 
-@rules.rule(RULE)
+@rule(RULE)
 def _link_ips(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
     out, p = [], cfg.fabric.prefix_length
     cabled = cfg.topology in ("direct", "ring")

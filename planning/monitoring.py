@@ -18,12 +18,10 @@ versions that guard /metrics with it need `authorization: {credentials_file: ...
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .clusterplan import ClusterPlan, StackPlan
 from programs.membership import GAUGES
-
-if TYPE_CHECKING:  # types only: the stack plan imports this module
-    from .stackplan import ClusterPlan, StackPlan
 
 # The series the dashboard (dspark/dashboard.py) and the alert rules (alerts.py) read, by exporter: what every
 # target of that role (or engine) serves. tests/unit/test_dashboard.py and test_alert_rules.py check every query

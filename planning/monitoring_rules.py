@@ -1,12 +1,13 @@
 """The rules on the monitoring the program runs (planning/prometheus.py), checked at preview with the others:
 the server's node exists, and the node exporter's and the server's ports are free where they run. Registered
-when planning.rules is imported (its last line imports this module)."""
+with the others when planning/rules.py imports this module."""
 
 from __future__ import annotations
 
 from declared.stack import LOCAL, StackConfig
 
-from .rules import Finding, node_ports, stack_rule
+from .rulebook import Finding, stack_rule
+from .serving_rules import node_ports
 
 
 def _names(sc: StackConfig) -> list[str]:

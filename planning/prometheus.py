@@ -18,16 +18,14 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import yaml
 
 from declared.stack import MONITORING_IMAGE, MonitoringConfig, StackConfig
 from .commands import secret_file_create, secret_file_delete
 from .gateway import files_write
-
-if TYPE_CHECKING:
-    from .stackplan import ClusterPlan, NodePlan
+from .nodeplan import NodePlan
 
 q = shlex.quote
 ETC = "/etc/dspark-monitoring"  # prometheus.yml, rules.yml (read-only)
@@ -65,7 +63,7 @@ class Container:
 class ExporterPlan:
     """The node exporter on one node of the stack."""
 
-    node: "NodePlan"
+    node: NodePlan
     group: str  # the plan name of the node's group (whose docker provider reaches it)
     container: Container
     port: int
@@ -77,7 +75,7 @@ class ExporterPlan:
 
 @dataclass(frozen=True)
 class ServerPlan:
-    node: "NodePlan"
+    node: NodePlan
     directory: str
     files: dict[str, str]  # prometheus.yml, rules.yml
     files_write: str
@@ -174,25 +172,27 @@ def alertmanager_config(webhook: Optional[str], group_wait: int, group_interval:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def server_node(sc: StackConfig, cp: "ClusterPlan") -> "NodePlan":
+def server_node(sc: StackConfig, nodes: tuple[tuple[str, NodePlan], ...]) -> NodePlan:
+    """The server's node among the stack's `nodes` ((group's plan name, node), group by group: stackplan's)."""
     s = sc.monitoring.server
     router = sc.router.node if sc.router else None
-    where = s.node or (router if router and router != "local" else cp.groups[0].nodes[0].name)
-    return next(n for g in cp.groups for n in g.nodes if n.name == where)
+    where = s.node or (router if router and router != "local" else nodes[0][1].name)
+    return next(n for _, n in nodes if n.name == where)
 
 
-def exporters_only(sc: StackConfig, stack: str, cp: "ClusterPlan") -> MonitoringPlan:
-    """The stack's node exporters (every node of every group, unless monitoring.nodeExporter is off)."""
+def exporters_only(sc: StackConfig, stack: str, nodes: tuple[tuple[str, NodePlan], ...]) -> MonitoringPlan:
+    """The stack's node exporters (every node of every group, unless monitoring.nodeExporter is off); `nodes`:
+    (the group's plan name, node) of every node of the stack, group by group."""
     mc = sc.monitoring
-    exporters = tuple(ExporterPlan(n, g.stack, exporter_container(stack, mc), mc.node_exporter.port)
-                      for g in cp.groups for n in g.nodes) if mc.node_exporter.enabled else ()  # fmt: skip
+    exporters = tuple(ExporterPlan(n, group, exporter_container(stack, mc), mc.node_exporter.port)
+                      for group, n in nodes) if mc.node_exporter.enabled else ()  # fmt: skip
     if mc.image != MONITORING_IMAGE:  # the user's own image: pulled like any other
         return MonitoringPlan(stack, mc.image, exporters, None)
     text = DOCKERFILE.read_text()
     return MonitoringPlan(stack, mc.image, exporters, None, text, image_build(mc.image, dockerfile_digest(text)))
 
 
-def server(sc: StackConfig, stack: str, node: "NodePlan", scrape: list[dict[str, Any]], rules_text: str,
+def server(sc: StackConfig, stack: str, node: NodePlan, scrape: list[dict[str, Any]], rules_text: str,
            state_dir: str, sudo: str) -> ServerPlan:  # fmt: skip
     """Prometheus and Alertmanager on `node`: files under `state_dir` (the node's), the TSDB on a volume; the
     gateway's metrics key beside them when a scrape job reads the gateway with it."""

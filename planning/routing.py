@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from . import commands, plan
+from . import commands, launch
 from declared.stack import RouterConfig
 
 q = shlex.quote
@@ -33,7 +33,7 @@ class RouterSpec:
     image: str
     entrypoint: list[str]
     args: list[str]
-    key_file: str  # on the router's node, mounted read-only at plan.API_KEY_MOUNT
+    key_file: str  # on the router's node, mounted read-only at launch.API_KEY_MOUNT
     labels: dict[str, str]
     memory_mib: int  # the container's limit (memory = memory_swap: no swap), counted in its node's budget
     network_mode: str = "host"
@@ -59,7 +59,7 @@ def router_args(r: RouterConfig, workers: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def launch_script(key_file: str = plan.API_KEY_MOUNT) -> str:
+def launch_script(key_file: str = launch.API_KEY_MOUNT) -> str:
     """The router's entrypoint: its flags as "$@", the key read from the mounted 0600 file (never an
     argument of the container, a label or `docker inspect`)."""
     return f'set -eu\nexec python3 -m sglang_router.launch_router "$@" --api-key "$(cat {q(key_file)})"\n'

@@ -108,7 +108,7 @@ ADAPTATIONS: list[Adaptation] = [
                "store capped at 256 MiB by image env",
                "no GPU and no vLLM build for the simulated nodes", "sim/testdouble/vllm_serve.py, sim/images.py"),
     Adaptation("tiny fake checkpoint (4 shards + a small engram table) and memory profile sim-test-double",
-               "no real checkpoint", "sim/, planning/plan.py PROFILES"),
+               "no real checkpoint", "sim/, planning/memoryplan.py PROFILES"),
     Adaptation("nvidia-smi, ethtool, ibdev2netdev, ib_write_bw and /dev/infiniband are stand-ins on each node "
                "(uverbs0/uverbs1/rdma_cm are char devices with /dev/null's numbers); --gpus all is accepted "
                "through a stand-in nvidia-container-runtime-hook, which refuses with a set fault's text "

@@ -5,13 +5,13 @@ from pathlib import Path
 
 from declared.stack import parse_stack
 from harness import cluster_of, with_known_hosts
-from planning import alerts, stackplan
+from planning import alerts, clusterplan, stackplan
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 
 
-def plan_of(stack: str) -> stackplan.ClusterPlan:
+def plan_of(stack: str) -> clusterplan.ClusterPlan:
     raw = with_known_hosts(cluster_of(stack))
     return stackplan.build_stack(parse_stack(raw), stack)
 

@@ -20,7 +20,7 @@ from pulumi.runtime.proto import language_pb2, language_pb2_grpc, plugin_pb2
 
 from sim.languagehost import packages
 from sim.languagehost.policyproxy import PolicyProxy
-from sim.languagehost.streams import (INHERIT, Cmd, ExitError, GoError, engine_writers, go_json, interrupt_then_kill,
+from sim.languagehost.streams import (INHERIT, ExitError, GoError, engine_writers, go_json, interrupt_then_kill,
                                       make_streams, output, start, wait)  # fmt: skip
 from sim.languagehost.toolchain import (DOUBLE_ONLY_PIP, TOOLCHAIN_NAMES, TYPECHECKER_NAMES, PythonOptions,
                                         is_buildable_package, parse_options, parse_python_version, pyproject_name,

@@ -13,7 +13,7 @@ import pytest
 
 from declared import flags
 from declared.stack import parse_stack
-from planning import plan, stackplan
+from planning import launch, plan, stackplan
 from conformance.realenv import run_env, site_packages
 from harness import cluster_of, with_known_hosts
 
@@ -145,7 +145,7 @@ def test_program_env_names_are_the_packages_own():
                 set_by_program |= set(spec.env)
     unknown = []
     for name in sorted(set_by_program):
-        if name.startswith("SGLANG_") and name not in names["sglang"] and name not in plan.ADAPTER_ENV:
+        if name.startswith("SGLANG_") and name not in names["sglang"] and name not in launch.ADAPTER_ENV:
             unknown.append(name)
         if name.startswith("VLLM_") and name not in names["vllm"]:
             unknown.append(name)

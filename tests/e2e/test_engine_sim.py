@@ -29,7 +29,7 @@ from declared.stack import parse_stack
 from dspark import dashboard
 from e2e import observing
 from e2e.timings import TIMINGS
-from planning import plan, stackplan
+from planning import launch, stackplan
 from programs import bootlog
 from sim import cluster as sim_cluster
 from sim import grpctrace
@@ -227,7 +227,7 @@ def compile_caches() -> dict[str, str]:
     """node -> the compile-cache volume its rank mounts at /root/.cache, and the cached file's content."""
     out = {}
     for name, node in zip(RANKS, NODES):
-        volume = node_sh(node, f"docker inspect -f '{{{{range .Mounts}}}}{{{{if eq .Destination \"{plan.CACHE_MOUNT}\"}}}}"
+        volume = node_sh(node, f"docker inspect -f '{{{{range .Mounts}}}}{{{{if eq .Destination \"{launch.CACHE_MOUNT}\"}}}}"
                                f"{{{{.Name}}}}{{{{end}}}}{{{{end}}}}' {name}").strip()
         data = node_sh(node, f"cat /var/lib/docker/volumes/{volume}/_data/flashinfer/dspark-sim-autotune.json", check=False)
         out[node] = f"{volume} {data}" if volume and data else ""
@@ -262,7 +262,7 @@ def test_rank_containers_carry_the_memory_plans_limit_and_the_oom_score(first, p
         # what its node's budget leaves it (the node exporter's, and on spark1 Prometheus's, limits counted)
         assert int(memory) == int(swap) == sp.budgets[rank].rank.limit_mib * 1024 * 1024 == \
             sp.group.specs[rank].memory_mib * 1024 * 1024
-        assert node_sh(node, f"cat /proc/{pid}/oom_score_adj").strip() == str(plan.OOM_SCORE_ADJ)
+        assert node_sh(node, f"cat /proc/{pid}/oom_score_adj").strip() == str(launch.OOM_SCORE_ADJ)
 
 
 # fault -> (how the sim breaks the fabric, what `up` must say); each fails `up` before any rank starts

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import harness
-from planning import commands, plan, stackplan
+from planning import commands, memoryplan, plan, stackplan
 from declared.cluster import parse_cluster
 from declared.stack import parse_stack
 from dspark import nodes as dnodes
@@ -77,7 +77,7 @@ def test_plan_json_has_every_rank_flags_env_memory_and_revision(stack, tmp_path)
     doc = json.loads(out)
     specs = plan.group_specs(cfg, stack)
     assert doc["group_revision"] == revision_of(stack)
-    assert doc["memory_plan"] == plan.memory_plan(cfg).to_output()
+    assert doc["memory_plan"] == memoryplan.memory_plan(cfg).to_output()
     assert [n["name"] for n in doc["nodes"]] == [n.name for n in cfg.nodes]
     for n, spec in zip(doc["nodes"], specs):
         assert n["container"]["name"] == f"{stack}-rank{spec.rank}"
@@ -573,14 +573,14 @@ def test_doctor_shows_each_nodes_memory_and_a_stopped_rank_whose_start_would_fai
         code, out, _ = run(args("doctor", "tp3", outs, ROOT, "--json"), runner=fake)
         _, text, _ = run(args("doctor", "tp3", outs), runner=fake)
     doc = json.loads(out)
-    need = plan.rank_need_mib(cfg, 2)
+    need = memoryplan.rank_need_mib(cfg, 2)
     assert doc["nodes"][2]["memory"]["availableMiB"] == 40000 and doc["nodes"][2]["memory"]["needMiB"] == need
     memory = [f for f in doc["findings"] if f["check"] == "memory"]
     assert [f["node"] for f in memory] == ["spark3"]
     assert f"40000 MiB available of 124620 MiB (30000 MiB page cache), the memory plan needs {need} MiB" in memory[0]["what"]
     assert "OOM killed" in next(f["what"] for f in doc["findings"] if f["check"] == "rank-stopped")
     assert f"memory spark2: 118000 MiB available of 124620 MiB, 900 MiB page cache; the plan needs " \
-           f"{plan.rank_need_mib(cfg, 1)} MiB at the next start\n" in text
+           f"{memoryplan.rank_need_mib(cfg, 1)} MiB at the next start\n" in text
     assert "memory spark3: 40000 MiB available" in text and text.count(" SHORT") == 2
     # report-only: doctor never drops a node's cache
     assert all("--report-only" in c[3] for c in fake.calls if "DSPARK_MEMGATE" in c[3])

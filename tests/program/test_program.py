@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from planning import plan
+from planning import launch, memoryplan, plan
 from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, group_of, plain_strings, reveal, run_program
 
 CONTAINER = "docker:index/container:Container"
@@ -104,7 +104,7 @@ def test_rank_container_settings(rec):
         assert env["NCCL_IB_ROCE_VERSION_NUM"] == "2" and "DSPARK_RAILS" in i["entrypoints"][2]
         assert env["NCCL_BUFFSIZE"] == "1048576" and env["NCCL_LL128_BUFFSIZE"] == "262144"
         mounts = {m["target"]: m for m in i["mounts"]}
-        assert mounts[plan.MODEL_MOUNT]["readOnly"] is True and mounts[plan.MODEL_MOUNT]["type"] == "volume"
+        assert mounts[launch.MODEL_MOUNT]["readOnly"] is True and mounts[launch.MODEL_MOUNT]["type"] == "volume"
 
 
 def test_ranks_are_delete_before_replace(rec):
@@ -498,11 +498,11 @@ def test_the_memory_gates_need_is_what_the_plan_places_on_the_node():
     from declared.cluster import parse_cluster
 
     cfg = parse_cluster(group_of("tp3"))
-    mp = plan.memory_plan(cfg)
+    mp = memoryplan.memory_plan(cfg)
     head, worker = mp.ranks
-    assert plan.rank_need_mib(cfg, 0) == int((head.static_used_gib + head.outside_needed_gib) * 1024)
-    assert plan.rank_need_mib(cfg, 1) == int((worker.static_used_gib + worker.outside_needed_gib) * 1024)
-    assert plan.rank_need_mib(cfg, 0) > plan.rank_need_mib(cfg, 1)  # the head holds rank 0's extra
+    assert memoryplan.rank_need_mib(cfg, 0) == int((head.static_used_gib + head.outside_needed_gib) * 1024)
+    assert memoryplan.rank_need_mib(cfg, 1) == int((worker.static_used_gib + worker.outside_needed_gib) * 1024)
+    assert memoryplan.rank_need_mib(cfg, 0) > memoryplan.rank_need_mib(cfg, 1)  # the head holds rank 0's extra
 
 
 @pytest.mark.parametrize("memory, present, flag", [({"dropCaches": False}, True, "--no-drop"), ({"memoryGate": False}, False, None)])
@@ -550,7 +550,7 @@ def test_every_rank_mounts_its_nodes_compile_cache_kept_on_destroy(rec, stack):
         node = cluster_of(stack)["nodes"][rank]["name"]
         cache = rec.named(f"{stack}-compile-cache-{node}")
         assert cache.retain_on_delete and cache.provider.startswith(provider_of_node(rec, stack, node))
-        mount = next(m for m in res.inputs["mounts"] if m["target"] == plan.CACHE_MOUNT)
+        mount = next(m for m in res.inputs["mounts"] if m["target"] == launch.CACHE_MOUNT)
         assert mount["type"] == "volume" and not mount.get("readOnly")
         assert cache.urn in res.property_dependencies["mounts"]
         env = dict(e.split("=", 1) for e in res.inputs["envs"])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planning import plan
+from planning import launch, plan
 from harness import TEST_API_KEY, Secret, cluster_of, plain_strings, reveal, run_program
 
 CONTAINER = "docker:index/container:Container"
@@ -31,7 +31,7 @@ def test_head_serves_vllm_with_the_seed_flags(rec):
     head, worker = containers(rec)
     assert head.provider_urn == rec.named("tp2-spark1-docker").urn
     args = head.inputs["command"]
-    assert args[:2] == ["serve", plan.MODEL_MOUNT]
+    assert args[:2] == ["serve", launch.MODEL_MOUNT]
     assert flag(args, "--tensor-parallel-size") == "2"
     assert flag(args, "--distributed-executor-backend") == "ray"
     assert flag(args, "--kv-cache-dtype") == "fp8_ds_mla"

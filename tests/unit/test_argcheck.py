@@ -13,7 +13,7 @@ import types
 import pytest
 
 from declared.stack import parse_stack
-from planning import commands, plan
+from planning import commands, launch, plan
 from programs import argcheck
 from harness import cluster_of, with_known_hosts
 from sim.testdouble import parsers
@@ -38,7 +38,7 @@ def image(tmp_path, monkeypatch):
 def _sglang_argv(model, *extra):
     cfg = parse_stack(with_known_hosts(cluster_of("tp4"))).groups[0].cfg
     [(engine, argv)] = plan.rank_checks(cfg, plan.group_specs(cfg, "tp4")[1])
-    argv = [str(model) if a == plan.MODEL_MOUNT else a for a in argv]
+    argv = [str(model) if a == launch.MODEL_MOUNT else a for a in argv]
     return engine, argv + list(extra)
 
 
@@ -109,7 +109,7 @@ def test_the_node_command_carries_the_exact_argv_and_env_quoted():
     words = shlex.split(commands.argcheck(spec, checks, "tp2-checkpoint"))
     assert words[:7] == ["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint"]
     assert "X=a b;$(touch /tmp/p)" in words and spec.image in words
-    assert f"type=volume,source=tp2-checkpoint,target={plan.MODEL_MOUNT},readonly" in words
+    assert f"type=volume,source=tp2-checkpoint,target={launch.MODEL_MOUNT},readonly" in words
     tail = words[words.index("-"):]
     assert tail[:5] == ["-", "--node", spec.node, "--rank", "0"]
     i = 5

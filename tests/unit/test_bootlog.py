@@ -7,7 +7,7 @@ import pytest
 
 from declared.cluster import parse_cluster
 from harness import cluster_of, group_of
-from planning import commands, plan
+from planning import commands, memoryplan
 from programs import bootlog, probe
 
 SGLANG_LOG = """\
@@ -56,9 +56,9 @@ def test_verdict_against_the_share_of_the_expected_pool(got, ok):
 
 def test_expected_pool_is_the_pin_clamped_to_what_the_layout_obtains():
     tp4 = parse_cluster(group_of("tp4"))  # pins 8M; the seed obtained 5.98-6.49M at TP4
-    assert plan.expected_kv_tokens(tp4) == 5_980_000
-    assert plan.expected_kv_tokens(parse_cluster(group_of("tp3"))) == 750_000
-    assert plan.expected_kv_tokens(parse_cluster(group_of("tp2"))) == 131072  # one maxModelLen request
+    assert memoryplan.expected_kv_tokens(tp4) == 5_980_000
+    assert memoryplan.expected_kv_tokens(parse_cluster(group_of("tp3"))) == 750_000
+    assert memoryplan.expected_kv_tokens(parse_cluster(group_of("tp2"))) == 131072  # one maxModelLen request
 
 
 def test_probe_prints_the_boot_line_and_fails_or_warns(capsys):
@@ -68,9 +68,9 @@ def test_probe_prints_the_boot_line_and_fails_or_warns(capsys):
     assert probe.check_boot(boot, 5_980_000, 0.9, "warn", log=lines.append) is True
     assert lines[1].startswith("readiness: FAILED: the KV pool rank 0 obtained is 3,000,000 tokens")
     assert lines[3].startswith("readiness: WARNING: ")
-    out = plan.boot_from_probe("\n".join(["readiness: ... answered '42'", *lines[:2]]))
+    out = memoryplan.boot_from_probe("\n".join(["readiness: ... answered '42'", *lines[:2]]))
     assert out["kvTokens"] == 3_000_000 and out["expectedKvTokens"] == 5_980_000 and out["shortfall"]
-    assert plan.boot_from_probe("no boot line") is None
+    assert memoryplan.boot_from_probe("no boot line") is None
 
 
 def test_probe_reads_rank0_log_over_ssh_with_a_grep():

@@ -14,9 +14,9 @@ import pytest
 
 from declared.stack import parse_stack
 from harness import cluster_of
-from planning import budget, budget_rules, rules, stackplan
+from planning import budget, budget_rules, rulebook, rules, stackplan
 from planning.budget import NodeBudget, Placed
-from planning.stackplan import NodePlan
+from planning.nodeplan import NodePlan
 
 STACKS = ["tp2", "tp3", "tp4", "tp4x2", "sim", "sim-tp2", "sim-x2", "sim-team"]
 NODE_RULE = dict(rules.STACK_RULES)["node-memory-budget"]
@@ -212,7 +212,7 @@ def test_budget_rules_wait_for_a_memory_plan():
 def test_a_per_group_field_carries_its_groups_name():
     sc, _ = stack_of("tp4x2")
     assert budget.group_field(sc, 1, "memory.hostReserveGiB") == "groups[1](b).memory.hostReserveGiB"
-    assert budget.group_field(sc, 1, "x") == rules._where(sc, 1) + "x"  # as check_stack names a group's findings
+    assert budget.group_field(sc, 1, "x") == rulebook.group_prefix(sc, 1) + "x"  # as check_stack names a group's findings
     one, _ = stack_of("tp4")
     assert budget.group_field(one, 0, "memory.hostReserveGiB") == "memory.hostReserveGiB"
 

@@ -8,7 +8,7 @@ import shlex
 
 from declared.cluster import parse_cluster
 from harness import cluster_of
-from planning import commands, fabric, plan, rules
+from planning import commands, fabric, launch, plan, rules
 
 
 def cfg_of(stack, mutate=lambda raw: raw):
@@ -54,7 +54,7 @@ def test_pinned_rails_and_socket_interface_reach_the_env():
     def pin(raw):
         raw["fabric"].update(ibHca="rocep1s0f1,roceP2p1s0f1", socketIfname="enp1s0f1np1", gidIndex=3)
         return raw
-    env = plan.rank_env(cfg_of("tp4", pin), 1)
+    env = launch.rank_env(cfg_of("tp4", pin), 1)
     assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and env["NCCL_IB_GID_INDEX"] == "3"
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["TP_SOCKET_IFNAME"] == "enp1s0f1np1"
 
@@ -64,7 +64,7 @@ def test_tp2_vllm_ray_binds_the_data_plane():
     head, worker = plan.vllm_specs(cfg, "tp2")
     assert head.env["VLLM_HOST_IP"] == "10.0.22.1" and head.env["RAY_ADDRESS"] == "10.0.22.1:6379"
     assert worker.args[worker.args.index("--node-ip-address") + 1] == "10.0.22.2"
-    assert plan.rank_checks(cfg, head)[0] == ("ray", plan.ray_head_args("6379", "10.0.22.1"))
+    assert plan.rank_checks(cfg, head)[0] == ("ray", launch.ray_head_args("6379", "10.0.22.1"))
 
 
 def test_a_triangle_without_bootstrap_management_is_refused_naming_the_fix():

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from declared import flags
-from planning import plan
+from planning import launch
 from declared.cluster import parse_cluster
 from harness import cluster_of
 from sim.testdouble import flags as double
@@ -141,13 +141,13 @@ def _options(argv):
 
 
 def test_every_flag_the_program_sets_is_managed():
-    """plan.sglang_args / plan.vllm_serve_args: each option maps to itself, and each managed flag is
+    """launch.sglang_args / launch.vllm_serve_args: each option maps to itself, and each managed flag is
     one the program sets (or the key / the positional model it passes another way)."""
     cfg = parse_cluster(dict(cluster_of("tp4"), serving=dict(cluster_of("tp4")["serving"], extraArgs=[])))
-    sglang = set().union(*(_options(plan.sglang_args(cfg, r)) for r in range(len(cfg.nodes))))
+    sglang = set().union(*(_options(launch.sglang_args(cfg, r)) for r in range(len(cfg.nodes))))
     raw = cluster_of("tp2")
     raw["serving"].update(extraArgs=[], maxRunningRequests=8)
-    vllm = _options(plan.vllm_serve_args(parse_cluster(raw)))
+    vllm = _options(launch.vllm_serve_args(parse_cluster(raw)))
     # --enable-metrics: a switch the program always sets and a user's extraArgs may repeat (it cannot turn it off)
     switches = {"sglang": {"--enable-metrics"}, "vllm": set()}
     for engine, options, elsewhere in (("sglang", sglang, {"--api-key"}), ("vllm", vllm, {"--api-key", "--model"})):

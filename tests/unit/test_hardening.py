@@ -11,7 +11,7 @@ import pulumi
 import pytest
 
 from declared import hostkeys
-from planning import plan, rules
+from planning import launch, memoryplan, plan, rules
 from declared.cluster import ConfigError, parse_cluster
 from harness import ROOT, cluster_of, fake_host_key, group_of, run_program
 
@@ -64,10 +64,10 @@ def test_export_and_mount_options_are_a_list_of_single_options():
 def test_cuda_graphs_are_planned_at_the_batch_size_actually_captured():
     raw = with_("tp4", ["serving", "maxRunningRequests"], 128)
     cfg = parse_cluster(raw)
-    graphs = plan.memory_plan(cfg).ranks[0].cuda_graphs_gib
-    args = plan.sglang_args(cfg, 0)
+    graphs = memoryplan.memory_plan(cfg).ranks[0].cuda_graphs_gib
+    args = launch.sglang_args(cfg, 0)
     assert args[args.index("--cuda-graph-max-bs-decode") + 1] == "128"
-    assert graphs == pytest.approx(plan.PROFILES[cfg.model.profile].cuda_graph_gb_at_bs16 * 8 * 1e9 / 2**30)
+    assert graphs == pytest.approx(memoryplan.PROFILES[cfg.model.profile].cuda_graph_gb_at_bs16 * 8 * 1e9 / 2**30)
     assert "CUDA graphs 41.7" in refused(raw, "serving.memFractionStatic")  # not outside the 0.80 pool
 
 

@@ -2,7 +2,8 @@
 
 declared -> planning -> components -> __main__.py; programs: standard library only; policy: the
 shapes, never the Pulumi program. Checked on the source (every import statement, at any depth), so
-a forbidden import fails here even when no test executes it.
+a forbidden import fails here even when no test executes it. And every module stays small enough to
+read (BOUND lines, or an exception that says why) and no module imports one that imports it back.
 """
 from __future__ import annotations
 
@@ -84,3 +85,147 @@ def test_a_forbidden_import_is_caught(tmp_path, monkeypatch):
         (fake / "bad.py").write_text(line)
         monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
         assert violations(folder) == [f"{folder}/bad.py imports {line.split()[1].split('.')[0]}"]
+
+
+# ----------------------------------------------------------------- modules small enough to read, no import circle
+BOUND = 600  # lines: a module longer than this is split at its seams, or listed here with the reason it is not
+CODE = ("declared", "planning", "components", "programs", "dspark", "policy", "sim")  # the project's own code
+PARALLEL = "split in a parallel branch"
+EXCEPTIONS = {
+    "sim/cluster.py": PARALLEL,
+    "sim/fabric.py": PARALLEL,
+    "sim/images.py": PARALLEL,
+    "sim/testdouble/nccl.py": PARALLEL,
+}
+
+
+def sources(root: Path, folders=tuple(OURS)) -> list[Path]:
+    """The project's modules in `folders` (and __main__.py), never a virtualenv's (policy/.venv)."""
+    found = [p for f in sorted(folders) for p in sorted((root / f).rglob("*.py")) if ".venv" not in p.parts]
+    return ([root / "__main__.py"] if (root / "__main__.py").is_file() else []) + found
+
+
+def long_modules(root: Path, exceptions: dict[str, str]) -> dict[str, int]:
+    """Each module over BOUND lines that is not an exception, with its length."""
+    lengths = {p.relative_to(root).as_posix(): len(p.read_text().splitlines()) for p in sources(root, CODE)}
+    return {path: n for path, n in lengths.items() if n > BOUND and path not in exceptions}
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports: every import statement at any depth (TYPE_CHECKING ones and
+    those inside functions too). A bare name is looked up from the root, beside the importer (the policy pack's
+    siblings) and in tests/ (the tests' helpers); `from p import m` is an edge to the module p.m when there is one."""
+    paths = {module_name(root, p): p for p in sources(root)}
+
+    def find(name: str, here: str) -> str | None:
+        return next((f"{base}.{name}" if base else name for base in ("", here, "tests")
+                     if (f"{base}.{name}" if base else name) in paths), None)  # fmt: skip
+
+    graph = {}
+    for mod, path in paths.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {find(a.name, package) for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
+                name = ".".join(base + ([node.module] if node.module else []))
+                edges |= {f"{name}.{a.name}" if f"{name}.{a.name}" in paths else name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                edges |= {find(f"{node.module}.{a.name}", package) or find(node.module, package) for a in node.names}
+        graph[mod] = {e for e in edges if e in paths and e != mod}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle, as the modules along it (the first again at the end): one per strongly connected
+    component of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while not component or v not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                found.append(_circle(graph, component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _circle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """One circle through the component's first module (breadth first: the shortest)."""
+    start = min(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & component):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    return sorted(component)
+
+
+def test_no_module_over_the_bound():
+    """A long module is split at its seams; one that may stay long says why in EXCEPTIONS."""
+    assert long_modules(ROOT, EXCEPTIONS) == {}
+
+
+def test_every_exception_is_still_needed():
+    """An exception whose module was split (or removed) is dropped from EXCEPTIONS."""
+    for path, reason in EXCEPTIONS.items():
+        assert reason.strip(), path
+        assert (ROOT / path).is_file(), f"{path}: no such module; drop its exception"
+        assert len((ROOT / path).read_text().splitlines()) > BOUND, f"{path} is within {BOUND} lines; drop its exception"
+
+
+def test_no_import_circle():
+    """No module imports one that imports it back, by any path, TYPE_CHECKING imports included: the layers
+    read from the bottom up (planning: rulebook before the rules, clusterplan before what reads a plan)."""
+    graph = import_graph(ROOT)
+    assert "planning.stackplan" in graph and "planning.clusterplan" in graph["planning.stackplan"]
+    assert [" -> ".join(c) for c in circles(graph)] == []
+
+
+def test_the_bound_and_the_circle_check_can_fail(tmp_path):
+    """The checks themselves can fail: a long module, an import circle (through a TYPE_CHECKING import and a
+    function's own import), in a tree of their own."""
+    pkg = tmp_path / "planning"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "long.py").write_text("x = 1\n" * (BOUND + 1))
+    (pkg / "even.py").write_text("x = 1\n" * BOUND)
+    (pkg / "kept.py").write_text("x = 1\n" * (BOUND + 50))
+    assert long_modules(tmp_path, {"planning/kept.py": "a reason"}) == {"planning/long.py": BOUND + 1}
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from planning.c import C\n")
+    (pkg / "c.py").write_text("def f():\n    from .a import g\n")
+    (pkg / "d.py").write_text("from planning import a, long\nimport planning.even\n")  # imports the circle, not in it
+    graph = import_graph(tmp_path)
+    assert graph["planning.d"] == {"planning.a", "planning.long", "planning.even"}
+    assert circles(graph) == [["planning.a", "planning.b", "planning.c", "planning.a"]]
+    (pkg / "c.py").write_text("def f():\n    pass\n")
+    assert circles(import_graph(tmp_path)) == []

@@ -15,7 +15,7 @@ import yaml
 from declared.cluster import ConfigError
 from declared.stack import MONITORING_IMAGE, StackConfig, parse_stack
 from harness import cluster_of, with_known_hosts
-from planning import alerts, monitoring, prometheus, rules, stackplan
+from planning import alerts, clusterplan, monitoring, prometheus, rules, stackplan
 
 WEBHOOK = "https://hooks.slack.example/services/T000/B000/sEcReTwEbHoOk"
 
@@ -30,7 +30,7 @@ def tool(name: str) -> str:
     return exe
 
 
-def stack_with(stack: str, **monitoring_cfg) -> tuple[StackConfig, stackplan.ClusterPlan]:
+def stack_with(stack: str, **monitoring_cfg) -> tuple[StackConfig, clusterplan.ClusterPlan]:
     raw = with_known_hosts(cluster_of(stack))
     raw["monitoring"] = {**raw.get("monitoring", {}), **monitoring_cfg}
     sc = parse_stack(raw)
