@@ -191,7 +191,7 @@ ADAPTATIONS: list[Adaptation] = [
                "wheels installed with the host's pip (not linux/arm64 ones with the image's pip); image env and "
                "CMD as the Dockerfile's",
                "no registry is reachable: debian:bookworm-slim cannot be pulled; the test machine is not aarch64",
-               "sim/images.py, sim/cluster.py"),
+               "sim/images.py, sim/nodeimages.py"),
     Adaptation("the monitoring image deepseek-spark-monitoring:bookworm (REAL Prometheus 2.42, Alertmanager 0.25 and "
                "node exporter 1.5, Debian bookworm's packages) is built by the sim on a debootstrap minbase and loaded "
                "into each node's engine at create, labelled with programs/monitoring/Dockerfile's digest as the "

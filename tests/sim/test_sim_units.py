@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import cluster, fabric, images
+from sim import cluster, fabric, images, inventory, sshconfig
 from sim.testdouble import engram, flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_plan_default_addresses():
 
 
 def test_plan_reports_all_errors():
-    with pytest.raises(cluster.SimError) as e:
+    with pytest.raises(inventory.SimError) as e:
         cluster.plan("Bad_Name", 0, "10.0.0.0/28")
     msg = str(e.value)
     assert "Bad_Name" in msg and "nodes=0" in msg and "/24" in msg
@@ -40,7 +40,7 @@ def test_plan_reports_all_errors():
 def test_state_paths_for_sim(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    key, kh, cfg = cluster._ssh_paths("sim")
+    key, kh, cfg = sshconfig.ssh_paths("sim")
     assert key == tmp_path / ".local/state/deepseek-spark-sim/sim/id_ed25519"
     assert kh == tmp_path / ".local/state/deepseek-spark-sim/sim/known_hosts"
     assert cfg == tmp_path / ".local/state/deepseek-spark-sim/sim/ssh_config"
@@ -50,7 +50,7 @@ def test_render_ssh_config(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     nodes = cluster.plan("sim", 2).nodes
     d = tmp_path / ".local/state/deepseek-spark-sim/sim"
-    text = cluster.render_ssh_config("sim", nodes, d / "id_ed25519", d / "known_hosts")
+    text = sshconfig.render_ssh_config("sim", nodes, d / "id_ed25519", d / "known_hosts")
     assert "Host spark1 sim-spark1 172.30.99.11\n    HostName 172.30.99.11\n    User root\n" in text
     assert "Host spark2 sim-spark2 172.30.99.12" in text
     assert text.count("IdentityFile ~/.local/state/deepseek-spark-sim/sim/id_ed25519") == 2
@@ -61,29 +61,29 @@ def test_render_ssh_config(monkeypatch, tmp_path):
 
 def test_render_known_hosts():
     n = cluster.plan("sim", 1).nodes
-    text = cluster.render_known_hosts("sim", [(n[0], ["ssh-ed25519 AAAAkey root@spark1", "bogus"])])
+    text = sshconfig.render_known_hosts("sim", [(n[0], ["ssh-ed25519 AAAAkey root@spark1", "bogus"])])
     assert text == "172.30.99.11,spark1,sim-spark1 ssh-ed25519 AAAAkey\n"
 
 
 def test_include_block_is_first_keyed_and_idempotent():
     user = "Host *\n    ServerAliveInterval 30\n"
-    once = cluster.add_include_block(user, "sim", "~/.local/state/deepseek-spark-sim/sim/ssh_config")
+    once = sshconfig.add_include_block(user, "sim", "~/.local/state/deepseek-spark-sim/sim/ssh_config")
     assert once.startswith("# BEGIN dspark-sim sim\nInclude ~/.local/state/deepseek-spark-sim/sim/ssh_config\n")
     assert once.endswith(user)
-    assert cluster.add_include_block(once, "sim", "~/x") .count("BEGIN dspark-sim sim") == 1
-    other = cluster.add_include_block(once, "simtest", "~/y")
-    assert cluster.remove_include_block(other, "simtest") == once
-    assert cluster.remove_include_block(once, "sim") == user
+    assert sshconfig.add_include_block(once, "sim", "~/x") .count("BEGIN dspark-sim sim") == 1
+    other = sshconfig.add_include_block(once, "simtest", "~/y")
+    assert sshconfig.remove_include_block(other, "simtest") == once
+    assert sshconfig.remove_include_block(once, "sim") == user
 
 
 def test_ssh_info_json_shape(tmp_path):
     nodes = cluster.plan("sim", 3).nodes
-    si = cluster.SshInfo("sim", nodes, "root", tmp_path / "id_ed25519", tmp_path / "known_hosts",
+    si = sshconfig.SshInfo("sim", nodes, "root", tmp_path / "id_ed25519", tmp_path / "known_hosts",
                          tmp_path / "ssh_config", "")
     j = si.to_json()
     assert j["nodes"][0] == {"name": "spark1", "host": "172.30.99.11", "user": "root", "port": 22,
                              "container": "sim-spark1", "host_key": None}
-    (tmp_path / "known_hosts").write_text(cluster.render_known_hosts("sim", [(nodes[1], ["ssh-ed25519 AAAAk x"])]))
+    (tmp_path / "known_hosts").write_text(sshconfig.render_known_hosts("sim", [(nodes[1], ["ssh-ed25519 AAAAk x"])]))
     assert si.to_json()["nodes"][1]["host_key"] == "ssh-ed25519 AAAAk"
     assert j["private_key"].endswith("id_ed25519") and j["known_hosts"].endswith("known_hosts")
     assert j["ssh_opts"][:2] == ["-i", str(tmp_path / "id_ed25519")]
@@ -356,7 +356,7 @@ def test_plan_rail_networks_and_addresses():
         ("spark3", "172.30.99.13", "10.99.1.13", "10.99.2.13")]
     t = cluster.plan("simtest", 2, "172.30.98.0/24")
     assert t.rail_subnets == ["10.98.1.0/24", "10.98.2.0/24"] and t.nodes[1].rail_ips == ["10.98.1.12", "10.98.2.12"]
-    si = cluster.SshInfo("sim", p.nodes, "root", Path("/k"), Path("/kh"), Path("/c"), "")
+    si = sshconfig.SshInfo("sim", p.nodes, "root", Path("/k"), Path("/kh"), Path("/c"), "")
     info = cluster.ClusterInfo("sim", p.network, p.subnet, p.nodes, si, rail_networks=p.rail_networks,
                                rail_subnets=p.rail_subnets)
     j = info.to_json()
@@ -527,8 +527,8 @@ def test_create_recreates_a_cluster_of_another_sim_version(monkeypatch):
     calls, logs = [], []
     nodes = cluster.plan("simtest", 2, "172.30.98.0/24").nodes
     monkeypatch.setattr(cluster.backend, "engine_available", lambda: (True, "x"))
-    monkeypatch.setattr(cluster, "_nodes_from_docker", lambda name: [] if calls else nodes)
-    monkeypatch.setattr(cluster, "_versions_from_docker", lambda name: {"simtest-spark1": "1", "simtest-spark2": "1"})
+    monkeypatch.setattr(inventory, "nodes", lambda name: [] if calls else nodes)
+    monkeypatch.setattr(inventory, "versions", lambda name: {"simtest-spark1": "1", "simtest-spark2": "1"})
     monkeypatch.setattr(cluster, "_delete", lambda name, log=print: calls.append(("delete", name)))
 
     class Stop(Exception):
