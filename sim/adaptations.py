@@ -158,7 +158,7 @@ ADAPTATIONS: list[Adaptation] = [
                "(the kernel has one that reads EINVAL); a DOWN rail keeps its link-local GIDs and loses the IPv4 "
                "ones; fw_ver, board_id, node_guid (from the MAC) and rate labels are fixed values; classes created "
                "after boot do not appear under the node's /sys/class",
-               "sysfs refuses mkdir and the test machine has no RDMA device", "sim/fabric.py"),
+               "sysfs refuses mkdir and the test machine has no RDMA device", "sim/fabric.py, sim/fabric_node.py"),
     Adaptation("a rank container given /dev/infiniband sees the node's /sys/class, /sys/devices and /sys/bus "
                "(read-only rbinds added by the sim-runc runtime to its OCI spec), not a sysfs of its own; a "
                "container without the device keeps its own sysfs (no /sys/class/infiniband)",

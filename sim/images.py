@@ -40,7 +40,9 @@ SIM_VERSION = "4"  # bump when a node built from an older image must be re-creat
 SUITE = "bookworm"
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"
-FABRIC = Path(__file__).parent / "fabric.py"  # the node's /usr/local/sbin/sim-fabric (same file as sim.fabric)
+# the node's copies of sim modules, as the package dspark_sim (relative imports only): the fabric model and what
+# applies it (/usr/local/sbin/sim-fabric runs dspark_sim.fabric_node)
+NODE_MODULES = (Path(__file__).parent / "fabric.py", Path(__file__).parent / "fabric_node.py")
 MEMINFO = Path(__file__).parent / "meminfo.py"  # the node's /usr/local/sbin/sim-meminfo (same file as sim.meminfo)
 OPTIONS = Path(__file__).parent.parent / "declared" / "options"  # the real engines' option tables
 ENGINE_IMAGE = "sglang-sim:test-double"
@@ -241,12 +243,27 @@ def files_tar(files: dict[str, tuple[bytes, int]]) -> bytes:
     return buf.getvalue()
 
 
+NODE_PACKAGE = "usr/lib/python3/dist-packages/dspark_sim"  # the node's python3 (bookworm's) finds it
+SIM_FABRIC = '''#!/usr/bin/python3
+# SIMULATOR STAND-IN: sim-fabric of a dspark-sim node; see dspark_sim.fabric_node (sim/fabric_node.py).
+import sys
+
+from dspark_sim.fabric_node import main
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
 def node_overlay(rootfs_key: str) -> Overlay:
     ov = Overlay()
     a = ASSETS / "node"
     ov.add("usr/local/sbin/sim-entrypoint", (a / "sim-entrypoint").read_bytes(), 0o755)
     ov.add("usr/local/sbin/sim-runc", (a / "sim-runc").read_bytes(), 0o755)
-    ov.add("usr/local/sbin/sim-fabric", FABRIC.read_bytes(), 0o755)
+    ov.add("usr/local/sbin/sim-fabric", SIM_FABRIC.encode(), 0o755)
+    ov.add(f"{NODE_PACKAGE}/__init__.py", b'"""SIMULATOR STAND-IN (dspark-sim): the node\'s copies of sim modules."""\n')
+    for path in NODE_MODULES:
+        ov.add(f"{NODE_PACKAGE}/{path.name}", path.read_bytes())
     ov.add("usr/local/sbin/sim-meminfo", MEMINFO.read_bytes(), 0o755)
     ov.add("usr/sbin/sysctl", (a / "sysctl").read_bytes(), 0o755)  # over procps' (see the stand-in's header)
     for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "ib_write_bw", "nvidia-container-runtime-hook"):

@@ -477,14 +477,28 @@ def test_ethtool_output_from_the_model(tmp_path):
     assert fabric.ethtool_fallback(["eth0"], root) == (75, "No data available\n", fabric.NO_DEVICE)
 
 
+def node_files(tmp_path) -> Path:
+    """The node image overlay's sim-fabric and python packages, written under a temp dir (exact bytes)."""
+    root = tmp_path / "node-image"
+    for path, (data, mode) in images.node_overlay("k").files.items():
+        if path == "usr/local/sbin/sim-fabric" or path.startswith("usr/lib/python3/dist-packages/"):
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+            (root / path).chmod(mode)
+    return root
+
+
 def test_fabric_cli_ethtool_and_ibdev2netdev(tmp_path):
+    """sim-fabric as the node runs it: its launcher and the dspark_sim package of the node image, nothing else."""
     m, root, _ = spark_root(tmp_path, fabric.with_rail(
         fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"]), "roceP2p1s0f1", state="DOWN"))
     model = tmp_path / "fabric.json"
     model.write_text(fabric.dumps(m))
-    env = dict(os.environ, DSPARK_SIM_FABRIC_JSON=str(model), DSPARK_SIM_SYSFS=root)
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "sim/fabric.py"), *a], env=env,  # noqa: E731
-                                    capture_output=True, text=True)
+    node = node_files(tmp_path)
+    env = dict(os.environ, DSPARK_SIM_FABRIC_JSON=str(model), DSPARK_SIM_SYSFS=root,
+               PYTHONPATH=str(node / "usr/lib/python3/dist-packages"))
+    run = lambda *a: subprocess.run([sys.executable, "-B", str(node / "usr/local/sbin/sim-fabric"), *a],  # noqa: E731
+                                    env=env, capture_output=True, text=True, cwd=tmp_path)
     r = run("ethtool", "nosuch0")  # as Debian's ethtool 6.1 answers
     assert (r.returncode, r.stdout) == (75, "No data available\n")
     assert r.stderr == "netlink error: no device matches name (offset 24)\nnetlink error: No such device\n" * 5
