@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import cluster, fabric, images, inventory, sshconfig
+from sim import cluster, fabric, images, inventory, rootfs, sshconfig
 from sim.testdouble import engram, flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,14 +106,14 @@ Components: main
 
 
 def test_mirror_from_deb822():
-    assert images.mirror_from_sources([DEB822]) == "http://mirror.example/debian"
+    assert rootfs.mirror_from_sources([DEB822]) == "http://mirror.example/debian"
 
 
 def test_mirror_deb822_security_only_and_disabled():
     sec = DEB822.split("\n\n")[1]
-    assert images.mirror_from_sources([sec]) is None
+    assert rootfs.mirror_from_sources([sec]) is None
     disabled = "Enabled: no\n" + DEB822.split("\n\n")[0]
-    assert images.mirror_from_sources([disabled], "deb http://one.example/debian/ bookworm main") == \
+    assert rootfs.mirror_from_sources([disabled], "deb http://one.example/debian/ bookworm main") == \
         "http://one.example/debian"
 
 
@@ -123,35 +123,35 @@ deb http://security.example/debian-security bookworm-security main
 deb-src http://src.example/debian bookworm main
 deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main contrib
 """
-    assert images.mirror_from_sources([], lst) == "http://one.example/debian"
-    assert images.mirror_from_sources([], lst, suite="trixie") is None
+    assert rootfs.mirror_from_sources([], lst) == "http://one.example/debian"
+    assert rootfs.mirror_from_sources([], lst, suite="trixie") is None
 
 
 def test_rootfs_cache_key():
-    a = images.RootfsSpec("node", ("python3", "sudo"))
-    assert a.key() == images.RootfsSpec("node", ("sudo", "python3")).key()  # order-free
-    assert a.key() != images.RootfsSpec("node", ("python3", "sudo", "curl")).key()
-    assert a.key() != images.RootfsSpec("node", ("python3", "sudo"), suite="trixie").key()
+    a = rootfs.RootfsSpec("node", ("python3", "sudo"))
+    assert a.key() == rootfs.RootfsSpec("node", ("sudo", "python3")).key()  # order-free
+    assert a.key() != rootfs.RootfsSpec("node", ("python3", "sudo", "curl")).key()
+    assert a.key() != rootfs.RootfsSpec("node", ("python3", "sudo"), suite="trixie").key()
     assert len(a.key()) == 16
 
 
 def test_engine_wheels_pinned_once_and_in_the_key():
     """Ray's and the SGLang router's sets together: every requirement an exact pin, each name once
     (a name shared by both sets is pinned in RAY_WHEELS only), all of it in the engine rootfs key."""
-    names = [r.split("==")[0].lower().replace("_", "-") for r in images.ENGINE_WHEELS]
-    assert all(r.count("==") == 1 and r.split("==")[1] for r in images.ENGINE_WHEELS)
+    names = [r.split("==")[0].lower().replace("_", "-") for r in rootfs.ENGINE_WHEELS]
+    assert all(r.count("==") == 1 and r.split("==")[1] for r in rootfs.ENGINE_WHEELS)
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
-    assert f"sglang-router=={images.ROUTER_VERSION}" in images.ENGINE_ROOTFS.wheels
-    assert f"ray=={images.RAY_VERSION}" in images.ENGINE_ROOTFS.wheels
-    assert set(images.ENGINE_ROOTFS.wheels) == set(images.RAY_WHEELS) | set(images.ROUTER_WHEELS)
-    without = images.RootfsSpec("engine", ("python3",), wheels=images.RAY_WHEELS)
-    assert images.ENGINE_ROOTFS.key() != without.key()
-    shuffled = images.RootfsSpec("engine", ("python3",), wheels=tuple(reversed(images.ENGINE_WHEELS)))
-    assert images.ENGINE_ROOTFS.key() == shuffled.key()  # order-free, deterministic
+    assert f"sglang-router=={rootfs.ROUTER_VERSION}" in rootfs.ENGINE_ROOTFS.wheels
+    assert f"ray=={rootfs.RAY_VERSION}" in rootfs.ENGINE_ROOTFS.wheels
+    assert set(rootfs.ENGINE_ROOTFS.wheels) == set(rootfs.RAY_WHEELS) | set(rootfs.ROUTER_WHEELS)
+    without = rootfs.RootfsSpec("engine", ("python3",), wheels=rootfs.RAY_WHEELS)
+    assert rootfs.ENGINE_ROOTFS.key() != without.key()
+    shuffled = rootfs.RootfsSpec("engine", ("python3",), wheels=tuple(reversed(rootfs.ENGINE_WHEELS)))
+    assert rootfs.ENGINE_ROOTFS.key() == shuffled.key()  # order-free, deterministic
 
 
 def test_image_tags_follow_overlay_content():
-    spec = images.ENGINE_ROOTFS
+    spec = rootfs.ENGINE_ROOTFS
     ov = images.engine_overlay(spec.key())
     t1 = images.image_tag("sglang-sim", spec, ov)
     assert t1 == images.image_tag("sglang-sim", spec, images.engine_overlay(spec.key()))  # deterministic
