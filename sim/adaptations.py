@@ -178,7 +178,8 @@ ADAPTATIONS: list[Adaptation] = [
                "device only; channels are a ring over the used NICs (no topology search, no GDR); the Gloo check "
                "only needs an address on GLOO_SOCKET_IFNAME; torch's DistBackendError text omits the C++ source "
                "path and line; NCCL_DEBUG_FILE and external net plugins are not modelled",
-               "no GPU, no RDMA and no NCCL build for the simulated nodes", "sim/testdouble/nccl.py"),
+               "no GPU, no RDMA and no NCCL build for the simulated nodes",
+               "sim/testdouble/nccl.py, nccl_debug.py, nccl_socket.py"),
     Adaptation("the engine image is loaded into each node's engine by the sim; a RemoteImage or a container "
                "whose image is missing tries to pull it (as the real provider does) and fails, and the sim "
                "stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",

@@ -558,18 +558,18 @@ def test_create_recreates_a_cluster_of_another_sim_version(monkeypatch):
 
 
 # ---------------------------------------------------------------- NCCL double, unit level ----
-from sim.testdouble import nccl  # noqa: E402
+from sim.testdouble import nccl, nccl_debug, nccl_socket  # noqa: E402
 
-RUN, UP = nccl.IFF_RUNNING, nccl.IFF_UP
+RUN, UP = nccl_socket.IFF_RUNNING, nccl_socket.IFF_UP
 
 
 def spark_ifaddrs(m, down=()):
-    I = nccl.Iface  # noqa: E741 -- getifaddrs order: lo, the management NIC, the twins
-    out = [I("lo", nccl.AF_INET, "127.0.0.1", UP | RUN | nccl.IFF_LOOPBACK, 8),
-           I("enP7s7", nccl.AF_INET, m["management"]["ip"], UP | RUN)]
+    I = nccl_socket.Iface  # noqa: E741 -- getifaddrs order: lo, the management NIC, the twins
+    out = [I("lo", nccl_socket.AF_INET, "127.0.0.1", UP | RUN | nccl_socket.IFF_LOOPBACK, 8),
+           I("enP7s7", nccl_socket.AF_INET, m["management"]["ip"], UP | RUN)]
     for r in m["rails"]:
         gone = r["state"] != "ACTIVE" or r["netdev"] in down
-        out.append(I(r["netdev"], nccl.AF_INET, r["ip"], 0x1002 if gone else UP | RUN))
+        out.append(I(r["netdev"], nccl_socket.AF_INET, r["ip"], 0x1002 if gone else UP | RUN))
     return out
 
 
@@ -712,16 +712,16 @@ def test_nccl_debug_levels_and_subsystems(tmp_path):
     assert "NET/IB : Using" not in out and "set by environment" not in out and "Bootstrap: Using" in out
     out = run_nccl(tmp_path / "i", dict(PROGRAM_ENV, NCCL_DEBUG_SUBSYS="^INIT,ENV"))[1]
     assert "NET/IB : Using" in out and "NCCL_IB_HCA set to" in out  # INIT|NET, NET|ENV lines: NET is on
-    assert nccl.parse_subsys(None) == nccl.INIT | nccl.BOOTSTRAP | nccl.ENV
-    assert nccl.parse_subsys("init,net") == nccl.INIT | nccl.NET
+    assert nccl_debug.parse_subsys(None) == nccl_debug.INIT | nccl_debug.BOOTSTRAP | nccl_debug.ENV
+    assert nccl_debug.parse_subsys("init,net") == nccl_debug.INIT | nccl_debug.NET
 
 
 def test_nccl_string_lists_and_strtoll():
-    assert nccl.parse_string_list("mlx5_0:1,mlx5_1,,:2") == [("mlx5_0", 1), ("mlx5_1", -1)]
-    assert [nccl._strtoll(s) for s in ("3", "0x10", "010", "-1", "abc", "7x")] == [3, 16, 8, -1, 0, 7]
-    assert nccl.match_if_list("rocep1s0f1", 1, [("roce", -1)], False)
-    assert not nccl.match_if_list("rocep1s0f1", 1, [("roce", -1)], True)
-    assert nccl.match_if_list("anything", 1, [], True)
+    assert nccl_socket.parse_string_list("mlx5_0:1,mlx5_1,,:2") == [("mlx5_0", 1), ("mlx5_1", -1)]
+    assert [nccl_debug.strtoll(s) for s in ("3", "0x10", "010", "-1", "abc", "7x")] == [3, 16, 8, -1, 0, 7]
+    assert nccl_socket.match_if_list("rocep1s0f1", 1, [("roce", -1)], False)
+    assert not nccl_socket.match_if_list("rocep1s0f1", 1, [("roce", -1)], True)
+    assert nccl_socket.match_if_list("anything", 1, [], True)
 
 
 def test_gloo_needs_an_address_on_its_interface():
@@ -745,5 +745,5 @@ def test_rank_init_prints_the_torch_error(tmp_path):
 
 
 def test_getifaddrs_sees_loopback():
-    ifs = nccl.getifaddrs()
-    assert any(i.name == "lo" and i.addr == "127.0.0.1" and i.flags & nccl.IFF_UP for i in ifs)
+    ifs = nccl_socket.getifaddrs()
+    assert any(i.name == "lo" and i.addr == "127.0.0.1" and i.flags & nccl_socket.IFF_UP for i in ifs)
