@@ -98,12 +98,13 @@ class Demo:
     # ---------------------------------------------------------------- steps
     def cluster(self) -> None:
         from sim import cluster as sim_cluster
+        from sim.inventory import SimError
 
         nodes = SIM_STACKS[self.source]
         self.say(f"simulated cluster {CLUSTER!r} with {nodes} nodes (created once; images cached by .ci/setup)")
         try:
             sim_cluster.create(CLUSTER, nodes=nodes, log=lambda m: self.out.write(f"    {m}\n"))
-        except sim_cluster.SimError as exc:
+        except SimError as exc:
             raise DsparkError(f"{exc}; if another demo stack runs there, take it down first: "
                               "`.venv/bin/python -m dspark demo --down --stack <that stack>`") from None
 

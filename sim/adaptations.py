@@ -158,7 +158,7 @@ ADAPTATIONS: list[Adaptation] = [
                "(the kernel has one that reads EINVAL); a DOWN rail keeps its link-local GIDs and loses the IPv4 "
                "ones; fw_ver, board_id, node_guid (from the MAC) and rate labels are fixed values; classes created "
                "after boot do not appear under the node's /sys/class",
-               "sysfs refuses mkdir and the test machine has no RDMA device", "sim/fabric.py"),
+               "sysfs refuses mkdir and the test machine has no RDMA device", "sim/fabric.py, sim/fabric_node.py"),
     Adaptation("a rank container given /dev/infiniband sees the node's /sys/class, /sys/devices and /sys/bus "
                "(read-only rbinds added by the sim-runc runtime to its OCI spec), not a sysfs of its own; a "
                "container without the device keeps its own sysfs (no /sys/class/infiniband)",
@@ -178,7 +178,8 @@ ADAPTATIONS: list[Adaptation] = [
                "device only; channels are a ring over the used NICs (no topology search, no GDR); the Gloo check "
                "only needs an address on GLOO_SOCKET_IFNAME; torch's DistBackendError text omits the C++ source "
                "path and line; NCCL_DEBUG_FILE and external net plugins are not modelled",
-               "no GPU, no RDMA and no NCCL build for the simulated nodes", "sim/testdouble/nccl.py"),
+               "no GPU, no RDMA and no NCCL build for the simulated nodes",
+               "sim/testdouble/nccl.py, nccl_debug.py, nccl_socket.py"),
     Adaptation("the engine image is loaded into each node's engine by the sim; a RemoteImage or a container "
                "whose image is missing tries to pull it (as the real provider does) and fails, and the sim "
                "stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",
@@ -191,7 +192,7 @@ ADAPTATIONS: list[Adaptation] = [
                "wheels installed with the host's pip (not linux/arm64 ones with the image's pip); image env and "
                "CMD as the Dockerfile's",
                "no registry is reachable: debian:bookworm-slim cannot be pulled; the test machine is not aarch64",
-               "sim/images.py, sim/cluster.py"),
+               "sim/images.py, sim/nodeimages.py"),
     Adaptation("the monitoring image deepseek-spark-monitoring:bookworm (REAL Prometheus 2.42, Alertmanager 0.25 and "
                "node exporter 1.5, Debian bookworm's packages) is built by the sim on a debootstrap minbase and loaded "
                "into each node's engine at create, labelled with programs/monitoring/Dockerfile's digest as the "

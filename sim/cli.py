@@ -1,4 +1,5 @@
-"""``python -m sim``: thin CLI over :mod:`sim.cluster` and :mod:`sim.images`."""
+"""``python -m sim``: thin CLI over :mod:`sim.cluster` (lifecycle), :mod:`sim.faults`, :mod:`sim.sshconfig` and
+:mod:`sim.images`."""
 from __future__ import annotations
 
 import argparse
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--name", default="sim")
     a = p.parse_args(argv)
 
-    from . import cluster, faults, images
+    from . import cluster, faults, images, sshconfig
+    from .inventory import SimError
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -101,19 +103,19 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "start-node":
             cluster.start_node(a.name, a.node, log=log)
         elif a.cmd == "fabric":
-            models = cluster.fabric(a.name)
-            print(json.dumps(models, indent=2) if a.json else cluster.format_fabric(models))
+            models = faults.fabric(a.name)
+            print(json.dumps(models, indent=2) if a.json else faults.format_fabric(models))
         elif a.cmd == "set-rail":
-            cluster.set_rail(a.name, a.node, a.rail, state=a.state, speed_mbps=a.speed_mbps, gbps=a.gbps, mtu=a.mtu,
-                             gid_index=a.gid_index, log=log)
+            faults.set_rail(a.name, a.node, a.rail, state=a.state, speed_mbps=a.speed_mbps, gbps=a.gbps, mtu=a.mtu,
+                            gid_index=a.gid_index, log=log)
         elif a.cmd == "reset-fabric":
-            cluster.reset_fabric(a.name, log=log)
+            faults.reset_fabric(a.name, log=log)
         elif a.cmd == "hold-memory":
-            cluster.hold_memory(a.name, a.node, int(a.gib * 1024), holder=a.holder, log=log)
+            faults.hold_memory(a.name, a.node, int(a.gib * 1024), holder=a.holder, log=log)
         elif a.cmd == "release-memory":
-            cluster.release_memory(a.name, a.node, log=log)
+            faults.release_memory(a.name, a.node, log=log)
         elif a.cmd == "gpu-fault":
-            cluster.gpu_fault(a.name, a.node, None if a.clear else (a.message or cluster.GPU_FAULT_DEFAULT), log=log)
+            faults.gpu_fault(a.name, a.node, None if a.clear else (a.message or faults.GPU_FAULT_DEFAULT), log=log)
         elif a.cmd == "power-cut":
             faults.power_cut(a.name, a.nodes, log=log)
         elif a.cmd == "power-on":
@@ -121,17 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "crash-at-boot":
             faults.crash_at_boot(a.name, a.node, None if a.clear else (a.message or faults.CRASH_DEFAULT), log=log)
         elif a.cmd == "meminfo":
-            print(json.dumps(cluster.meminfo(a.name, a.node), indent=2))
+            print(json.dumps(faults.meminfo(a.name, a.node), indent=2))
         elif a.cmd == "ssh-config":
             if a.install:
-                log(f"Include added to {cluster.install_ssh_include(a.name)}")
+                log(f"Include added to {sshconfig.install_ssh_include(a.name)}")
             elif a.uninstall:
-                log(f"Include removed from {cluster.uninstall_ssh_include(a.name)}")
+                log(f"Include removed from {sshconfig.uninstall_ssh_include(a.name)}")
             elif a.json:
                 print(json.dumps(cluster.ssh_info(a.name).to_json(), indent=2))
             else:
                 print(cluster.ssh_info(a.name).ssh_config_text, end="")
-    except cluster.SimError as e:
+    except SimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -1,20 +1,19 @@
-"""Build and cache the simulator images (no registry: debootstrap + ``docker import``).
+"""Build and cache the simulator images (no registry: a rootfs of ``sim.rootfs`` + an overlay committed on it).
 
-* rootfs tarballs: ``~/.cache/deepseek-spark-sim/rootfs/<kind>-<key>.tar`` where ``key`` hashes
-  the debootstrap recipe (suite, variant, packages, cleanup) -- debootstrap is the slow part;
-* base images ``dspark-sim-<kind>-base:<key>``: the tarball imported with ``docker import --change``;
+* base images ``dspark-sim-<kind>-base:<key>`` and their rootfs tarballs: ``sim.rootfs``;
 * final images: base + a small overlay layer (stand-ins, entrypoint, test-double code) committed
   as ``dspark-sim-node:<hash>`` and ``sglang-sim:td-<hash>``, where ``hash`` covers the rootfs key and
   every overlay byte, so a rebuild happens only when an input changes. The engine image holds both
   TEST DOUBLES (``python3 -m sglang.launch_server``; ``vllm serve``) plus REAL Ray and the REAL SGLang
-  router (PyPI wheels, ``RAY_WHEELS`` + ``ROUTER_WHEELS``, installed into the rootfs at build time) and is tagged
-  ``sglang-sim:test-double`` and ``vllm-sim:test-double`` (one image ID, ``ENGINE_IMAGES``).
+  router (PyPI wheels, ``sim.rootfs`` ``RAY_WHEELS`` + ``ROUTER_WHEELS``, installed into the rootfs at build time)
+  and is tagged ``sglang-sim:test-double`` and ``vllm-sim:test-double`` (one image ID, ``ENGINE_IMAGES``).
 * the packaged images (``PACKAGED``), each also tagged ``<repo>:sim-<hash>``, are NOT test doubles: registry
   packages only, no code of ours, what real nodes build from ``programs/<kind>/Dockerfile``:
   - the team gateway ``deepseek-spark-gateway:litellm-1.110.2`` (``GATEWAY_IMAGE``): REAL LiteLLM (proxy, the
     PyPI pins of ``programs/gateway/requirements.txt``) and REAL PostgreSQL 15 (Debian's ``postgresql-15``);
   - the monitoring ``deepseek-spark-monitoring:bookworm`` (``MONITORING_IMAGE``): REAL Prometheus, Alertmanager
     and node exporter (Debian's ``prometheus``, ``prometheus-alertmanager``, ``prometheus-node-exporter``).
+* saved tars (what ``sim.nodeimages`` loads onto the nodes): ``~/.cache/deepseek-spark-sim/images/``.
 """
 from __future__ import annotations
 
@@ -22,11 +21,7 @@ import hashlib
 import io
 import json
 import os
-import re
-import shutil
-import subprocess
 import tarfile
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,168 +29,24 @@ from pathlib import Path
 from planning import prometheus
 
 from . import backend
+from .rootfs import (ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS, NODE_ROOTFS, ROOTFS, RootfsSpec, base_tag,
+                     build_rootfs, cache_dir, ensure_base, rootfs_path)
 from .testdouble import engram
 
 SIM_VERSION = "4"  # bump when a node built from an older image must be re-created (cluster.create does)
-SUITE = "bookworm"
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"
-FABRIC = Path(__file__).parent / "fabric.py"  # the node's /usr/local/sbin/sim-fabric (same file as sim.fabric)
+# the node's copies of sim modules, as the package dspark_sim (relative imports only): the fabric model and what
+# applies it (/usr/local/sbin/sim-fabric runs dspark_sim.fabric_node)
+NODE_MODULES = (Path(__file__).parent / "fabric.py", Path(__file__).parent / "fabric_node.py")
 MEMINFO = Path(__file__).parent / "meminfo.py"  # the node's /usr/local/sbin/sim-meminfo (same file as sim.meminfo)
 OPTIONS = Path(__file__).parent.parent / "declared" / "options"  # the real engines' option tables
 ENGINE_IMAGE = "sglang-sim:test-double"
 VLLM_IMAGE = "vllm-sim:test-double"
 ENGINE_IMAGES = (ENGINE_IMAGE, VLLM_IMAGE)  # one image, two names; saved together, loaded together
-RECIPE_VERSION = "3"  # bump when build_rootfs's commands change
-# REAL Ray in the engine image: the PyPI wheel and its (pinned, complete) dependency set, installed
-# into the rootfs with the host's pip (--no-deps: nothing is resolved at build time). The set is part
-# of the rootfs key, so a cached rootfs/base image needs no network.
-RAY_VERSION = "2.49.2"
-RAY_WHEELS = (
-    f"ray=={RAY_VERSION}", "attrs==26.1.0", "certifi==2026.10.19.post1", "charset-normalizer==3.5.3",
-    "click==8.5.1", "filelock==4.3.1", "idna==3.20", "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1",
-    "msgpack==1.2.4", "packaging==26.4", "protobuf==7.36.2", "pyyaml==6.0.4", "referencing==0.37.0",
-    "requests==2.34.2", "rpds-py==2026.9.1", "typing-extensions==4.16.0", "urllib3==2.8.0",
-)
-# The REAL SGLang router (PyPI ``sglang-router``, module ``sglang_router``: ``python3 -m
-# sglang_router.launch_router``) and the rest of its pinned dependency set (resolved once with pip for
-# cp311). attrs, click, idna and typing-extensions are shared with Ray: the RAY_WHEELS pins satisfy both
-# (``pip check`` is clean with the whole set), so they are listed once, there.
-ROUTER_VERSION = "0.3.2"
-ROUTER_WHEELS = (
-    f"sglang-router=={ROUTER_VERSION}", "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0",
-    "annotated-doc==0.0.7", "annotated-types==0.8.0", "anyio==4.16.0", "fastapi==0.165.0", "frozenlist==1.8.0",
-    "h11==0.16.0", "multidict==7.2.1", "opentelemetry-api==1.45.2", "orjson==3.13.0", "propcache==0.5.4",
-    "pydantic==2.14.4", "pydantic-core==2.50.5", "setproctitle==1.3.8", "starlette==1.10.0",
-    "typing-inspection==0.4.5", "uvicorn==0.54.0", "yarl==1.25.1",
-)
-ENGINE_WHEELS = RAY_WHEELS + ROUTER_WHEELS  # every name pinned once (tests/sim checks it)
-WHEEL_PLATFORM = ("--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp",
-                  "--abi", "cp311", "--only-binary=:all:")
-# The team gateway (LiteLLM's proxy + PostgreSQL 15): its pins live in programs/gateway/requirements.txt
-# (the file programs/gateway/Dockerfile installs on real nodes). litellm, numpy and tiktoken ship
-# manylinux_2_28 wheels only (bookworm's glibc is 2.36), so this set also takes that platform tag.
 GATEWAY_IMAGE = "deepseek-spark-gateway:litellm-1.110.2"
-GATEWAY_REQUIREMENTS = Path(__file__).parent.parent / "programs" / "gateway" / "requirements.txt"
-GATEWAY_WHEEL_PLATFORM = ("--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
-                          *WHEEL_PLATFORM[2:])
-ROOTFS_SITE = "usr/local/lib/python3.11/dist-packages"  # bookworm's python3 is 3.11
-FIXED_MTIME = 1735689600  # 2025-01-01T00:00:00Z: deterministic tars
-CLEANUP = [
-    "usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
-    "var/lib/apt/lists", "var/cache/apt", "var/cache/debconf/templates.dat-old", "var/log",
-    "etc/ssh/ssh_host_*", "etc/machine-id", "var/lib/dbus/machine-id",
-]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deepseek-spark-sim"
-
-
-# ------------------------------------------------------------------ mirror discovery (pure) ----
-def mirror_from_sources(deb822_texts: list[str], list_text: str = "", suite: str = SUITE) -> str | None:
-    """The Debian mirror URI serving ``suite`` (not -security/-updates) from apt sources text.
-
-    ``deb822_texts``: contents of ``/etc/apt/sources.list.d/*.sources``; ``list_text``: the
-    one-line ``/etc/apt/sources.list`` format. deb822 stanzas win over one-line entries.
-    """
-    for text in deb822_texts:
-        for stanza in re.split(r"\n\s*\n", text):
-            fields: dict[str, str] = {}
-            key = None
-            for line in stanza.splitlines():
-                if not line.strip() or line.lstrip().startswith("#"):
-                    continue
-                if line[0] in " \t" and key:
-                    fields[key] += " " + line.strip()
-                    continue
-                if ":" in line:
-                    key, _, val = line.partition(":")
-                    key = key.strip().lower()
-                    fields[key] = val.strip()
-            if fields.get("enabled", "yes").lower() == "no":
-                continue
-            if "deb" not in fields.get("types", "").split():
-                continue
-            if suite not in fields.get("suites", "").split():
-                continue
-            uris = fields.get("uris", "").split()
-            if uris:
-                return uris[0].rstrip("/")
-    for line in list_text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line.startswith("deb "):
-            continue
-        line = re.sub(r"\[[^\]]*\]", " ", line[4:])
-        parts = line.split()
-        if len(parts) >= 2 and parts[1] == suite:
-            return parts[0].rstrip("/")
-    return None
-
-
-def discover_mirror(suite: str = SUITE) -> str:
-    env = os.environ.get("DSPARK_SIM_MIRROR")
-    if env:
-        return env.rstrip("/")
-    d = Path("/etc/apt/sources.list.d")
-    texts = [p.read_text() for p in sorted(d.glob("*.sources"))] if d.is_dir() else []
-    lst = Path("/etc/apt/sources.list")
-    list_text = lst.read_text() if lst.exists() else ""
-    for p in sorted(d.glob("*.list")) if d.is_dir() else []:
-        list_text += "\n" + p.read_text()
-    uri = mirror_from_sources(texts, list_text, suite)
-    if not uri:
-        raise RuntimeError(f"no apt source for suite {suite!r} in /etc/apt/sources.list(.d); "
-                           "set DSPARK_SIM_MIRROR")
-    return uri
-
-
-# ------------------------------------------------------------------ recipes and keys (pure) ----
-@dataclass(frozen=True)
-class RootfsSpec:
-    kind: str
-    packages: tuple[str, ...]
-    suite: str = SUITE
-    variant: str = "minbase"
-    wheels: tuple[str, ...] = ()  # PyPI requirements (pinned) installed into ROOTFS_SITE
-    wheel_platform: tuple[str, ...] = WHEEL_PLATFORM  # pip download/install flags selecting the wheels
-    remove: tuple[str, ...] = ()  # paths (globs) deleted after debootstrap, on top of CLEANUP (not re-created)
-
-    def key(self) -> str:
-        doc = {"kind": self.kind, "packages": sorted(self.packages), "suite": self.suite,
-               "variant": self.variant, "cleanup": CLEANUP, "recipe": RECIPE_VERSION}
-        if self.remove:
-            doc["remove"] = sorted(self.remove)
-        if self.wheels:
-            doc["wheels"] = sorted(self.wheels)
-            doc["wheel_platform"] = list(self.wheel_platform)
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# iputils-ping: the real ping (no-fragment pings at the rail MTU); ethtool: the real one, which the
-# ethtool stand-in hands every interface and option it does not model to
-NODE_ROOTFS = RootfsSpec("node", ("openssh-server", "docker.io", "python3", "iproute2", "procps",
-                                  "sudo", "ca-certificates", "iputils-ping", "ethtool"))
-ENGINE_ROOTFS = RootfsSpec("engine", ("python3",), wheels=ENGINE_WHEELS)
-
-
-def read_requirements(path: Path) -> tuple[str, ...]:
-    """The ``name==version`` lines of a pip requirements file (comments and blank lines dropped)."""
-    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
-    return tuple(line for line in lines if line)
-
-
-# postgresql-15's postinst (postgresql-common) creates the `postgres` user and puts the server binaries in
-# /usr/lib/postgresql/15/bin; runuser comes with util-linux (Essential, in minbase). The postinst also
-# creates the cluster "15 main" (createcluster.conf's default): dropped, as the Dockerfile's
-# `create_main_cluster = false` leaves none (the gateway's database lives on its own volume).
-GATEWAY_ROOTFS = RootfsSpec("gateway", ("python3", "postgresql-15", "ca-certificates"),
-                            wheels=read_requirements(GATEWAY_REQUIREMENTS), wheel_platform=GATEWAY_WHEEL_PLATFORM,
-                            remove=("etc/postgresql/15", "var/lib/postgresql/15"))
 MONITORING_IMAGE = "deepseek-spark-monitoring:bookworm"  # declared.stack.MONITORING_IMAGE
-MONITORING_ROOTFS = RootfsSpec("monitoring", ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter",
-                                              "ca-certificates"))
-ROOTFS = (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS)
+FIXED_MTIME = 1735689600  # 2025-01-01T00:00:00Z: deterministic tars
 
 
 @dataclass
@@ -241,12 +92,28 @@ def files_tar(files: dict[str, tuple[bytes, int]]) -> bytes:
     return buf.getvalue()
 
 
+NODE_PACKAGE = "usr/lib/python3/dist-packages/dspark_sim"  # the node's python3 (bookworm's) finds it
+NODE_PACKAGE_INIT = b'"""SIMULATOR STAND-IN (dspark-sim): the node\'s copies of sim modules."""\n'
+SIM_FABRIC = '''#!/usr/bin/python3
+# SIMULATOR STAND-IN: sim-fabric of a dspark-sim node; see dspark_sim.fabric_node (sim/fabric_node.py).
+import sys
+
+from dspark_sim.fabric_node import main
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
 def node_overlay(rootfs_key: str) -> Overlay:
     ov = Overlay()
     a = ASSETS / "node"
     ov.add("usr/local/sbin/sim-entrypoint", (a / "sim-entrypoint").read_bytes(), 0o755)
     ov.add("usr/local/sbin/sim-runc", (a / "sim-runc").read_bytes(), 0o755)
-    ov.add("usr/local/sbin/sim-fabric", FABRIC.read_bytes(), 0o755)
+    ov.add("usr/local/sbin/sim-fabric", SIM_FABRIC.encode(), 0o755)
+    ov.add(f"{NODE_PACKAGE}/__init__.py", NODE_PACKAGE_INIT)
+    for path in NODE_MODULES:
+        ov.add(f"{NODE_PACKAGE}/{path.name}", path.read_bytes())
     ov.add("usr/local/sbin/sim-meminfo", MEMINFO.read_bytes(), 0o755)
     ov.add("usr/sbin/sysctl", (a / "sysctl").read_bytes(), 0o755)  # over procps' (see the stand-in's header)
     for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "ib_write_bw", "nvidia-container-runtime-hook"):
@@ -388,95 +255,6 @@ def checkpoint_tar() -> bytes:
 
 
 # ------------------------------------------------------------------ builds (side effects) ----
-def rootfs_path(spec: RootfsSpec) -> Path:
-    return cache_dir() / "rootfs" / f"{spec.kind}-{spec.key()}.tar"
-
-
-def build_rootfs(spec: RootfsSpec, log=print) -> Path:
-    out = rootfs_path(spec)
-    if out.exists():
-        log(f"rootfs {spec.kind}: cached {out.name}")
-        return out
-    if shutil.which("debootstrap") is None:
-        raise RuntimeError("debootstrap is not installed (run .ci/sim-setup)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    mirror = discover_mirror(spec.suite)
-    t0 = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix=f"{spec.kind}-", dir=out.parent))
-    root = work / "root"
-    try:
-        cmd = ["debootstrap", f"--variant={spec.variant}", f"--include={','.join(spec.packages)}",
-               spec.suite, str(root), mirror]
-        log(f"rootfs {spec.kind}: debootstrap {spec.suite} from {mirror} ({len(spec.packages)} packages)")
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"debootstrap failed ({r.returncode}):\n" + "\n".join(r.stdout.splitlines()[-30:]))
-        for pattern in CLEANUP:
-            for p in root.glob(pattern):
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p)
-                    p.mkdir()
-                else:
-                    p.unlink()
-        for pattern in spec.remove:
-            for p in root.glob(pattern):
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink()
-        (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
-        (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
-        if spec.wheels:
-            install_wheels(spec.wheels, root, log, spec.wheel_platform)
-        tmp = out.with_suffix(".tar.partial")
-        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."], check=True)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    log(f"rootfs {spec.kind}: built {out.name} in {time.monotonic() - t0:.0f}s "
-        f"({out.stat().st_size // 2**20} MiB)")
-    return out
-
-
-def install_wheels(reqs: tuple[str, ...], root: Path, log=print,
-                   platform: tuple[str, ...] = WHEEL_PLATFORM) -> None:
-    """``pip download`` the pinned wheels (for the rootfs's python, ``platform``: pip's platform flags;
-    cached in ``cache_dir()/wheels``), then install them with the host's pip into ``root/ROOTFS_SITE``;
-    console scripts go to ``root/usr/local/bin`` with ``#!/usr/bin/python3``."""
-    import sys
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    t0 = time.monotonic()
-    subprocess.run([*pip, "download", "--no-deps", "-d", str(wheels), *platform, *reqs], check=True)
-    site = root / ROOTFS_SITE
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--find-links", str(wheels), "--target", str(site),
-                    *platform, *reqs], check=True)
-    bindir = root / "usr/local/bin"
-    bindir.mkdir(parents=True, exist_ok=True)
-    for script in sorted((site / "bin").iterdir()) if (site / "bin").is_dir() else []:
-        if not script.is_file():  # e.g. bin/__pycache__ of a wheel's .py script
-            continue
-        lines = script.read_text().splitlines(keepends=True)
-        if lines and lines[0].startswith("#!"):
-            lines[0] = "#!/usr/bin/python3\n"
-        (bindir / script.name).write_text("".join(lines))
-        (bindir / script.name).chmod(0o755)
-    shutil.rmtree(site / "bin", ignore_errors=True)
-    log(f"rootfs: installed {len(reqs)} wheels ({reqs[0]}) in {time.monotonic() - t0:.0f}s")
-
-
-def ensure_base(spec: RootfsSpec, log=print) -> str:
-    tag = f"dspark-sim-{spec.kind}-base:{spec.key()}"
-    if backend.image_id(tag):
-        return tag
-    tar = build_rootfs(spec, log)
-    t0 = time.monotonic()
-    backend.docker("import", "--change", "LABEL deepseek-spark.sim.base=" + spec.kind, str(tar), tag)
-    log(f"image {tag}: imported in {time.monotonic() - t0:.0f}s")
-    return tag
-
-
 def commit_overlay(base: str, overlay: Overlay, tags: list[str]) -> None:
     name = f"dspark-sim-build-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     backend.docker("create", "--name", name, base, "/bin/true")
@@ -571,7 +349,7 @@ def build_all(log=print) -> dict:
     from concurrent.futures import ThreadPoolExecutor
     t0 = time.monotonic()
     with ThreadPoolExecutor(4) as ex:
-        futs = [ex.submit(build_rootfs, s, log) for s in ROOTFS if not backend.image_id(f"dspark-sim-{s.kind}-base:{s.key()}")]
+        futs = [ex.submit(build_rootfs, s, log) for s in ROOTFS if not backend.image_id(base_tag(s))]
         for f in futs:
             f.result()
     node = ensure_node_image(log)
@@ -591,7 +369,7 @@ def build_all(log=print) -> dict:
 def prune_stale(log=print) -> list[str]:
     """Drop sim image tags and cached tarballs of older inputs (images in use are kept)."""
     keep = {node_image_tag(), engine_image_tag(), *ENGINE_IMAGES, *(i.tag() for i in PACKAGED),
-            *(i.name for i in PACKAGED), *(f"dspark-sim-{spec.kind}-base:{spec.key()}" for spec in ROOTFS)}
+            *(i.name for i in PACKAGED), *(base_tag(spec) for spec in ROOTFS)}
     r = backend.docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False)
     removed = []
     for ref in r.stdout.split():

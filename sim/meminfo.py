@@ -4,7 +4,7 @@
 A DGX Spark has 128 GB shared by the CPU and the GPU; the OS shows ~121.7 GiB. A sim node is a container
 on a machine with far less, so its memory is a model, and the node's ``/proc/meminfo`` is a file rendered
 from it, bind-mounted over the real one at boot (``sim-meminfo boot``) and rewritten in place whenever the
-figures move (``sim-meminfo daemon``, every 0.5 s). One file, two uses, like ``sim.fabric``: on the host
+figures move (``sim-meminfo daemon``, every 0.5 s). One file, two uses: on the host
 ``sim.meminfo`` (the pure ``render`` the unit tests call), on a node ``/usr/local/sbin/sim-meminfo``.
 
 What moves the figures:

@@ -234,7 +234,7 @@ def fake_host_key(host: str, port: int = 22) -> str:
     return "ssh-ed25519 " + base64.b64encode(blob).decode()
 
 
-# sim/cluster.py's state dirs (known_hosts, keys), as state_dir(name).parent computes them
+# sim/inventory.py's state dirs (known_hosts, keys), as state_dir(name).parent computes them
 SIM_STATE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "deepseek-spark-sim"
 
 

@@ -7,10 +7,10 @@ What is reproduced (NVIDIA/nccl tag v2.30.7-1):
 
 * logging (src/debug.cc): ``NCCL_DEBUG`` VERSION/WARN/INFO/TRACE, ``NCCL_DEBUG_SUBSYS`` (default
   INIT,BOOTSTRAP,ENV; ``^`` inverts), ``<host>:<pid>:<tid> [0] NCCL INFO ...``, WARNs with a leading empty
-  line, a ``[%F %T]`` timestamp and ``file:line (func)``; ``NCCL version 2.30.7+cuda13.0``;
+  line, a ``[%F %T]`` timestamp and ``file:line (func)``; ``NCCL version 2.30.7+cuda13.0`` (``nccl_debug``);
 * socket interfaces (src/misc/socket.cc ncclFindInterfaces, src/os/linux.cc, src/misc/utils.cc
-  parseStringList/matchIfList): ``NCCL_SOCKET_IFNAME`` (prefix match, ``=`` exact, ``^`` exclude, only
-  values longer than one character), ``NCCL_SOCKET_FAMILY``, only interfaces that are IFF_RUNNING; the
+  parseStringList/matchIfList; getifaddrs and the matching: ``nccl_socket``): ``NCCL_SOCKET_IFNAME`` (prefix
+  match, ``=`` exact, ``^`` exclude, only values longer than one character), ``NCCL_SOCKET_FAMILY``, only interfaces that are IFF_RUNNING; the
   automatic order ``ib`` -> ``^docker,lo,virbr`` -> ``docker`` -> ``lo`` -> ``virbr``; no interface:
   ``Bootstrap : no socket interface found`` (src/bootstrap.cc), ncclInvalidUsage;
 * the NET plugins (src/plugin/net.cc): internal IB then Socket, ``NCCL_NET`` picks one by name
@@ -33,27 +33,12 @@ print ``N/A``; channels are a ring over the used NICs.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import socket
-import sys
-import threading
-import time
 
-VERSION = "2.30.7"
-CUDA_VERSION = "13.0"
-VERSION_STRING = f"NCCL version {VERSION}+cuda{CUDA_VERSION}"
-
-# src/include/nccl_common.h
-INIT, COLL, P2P, SHM, NET, GRAPH, TUNING, ENV = 0x1, 0x2, 0x4, 0x8, 0x10, 0x20, 0x40, 0x80
-ALLOC, CALL, PROXY, NVLS, BOOTSTRAP, REG, PROFILE, RAS = 0x100, 0x200, 0x400, 0x800, 0x1000, 0x2000, 0x4000, 0x8000
-DESTROY, ALLOC_HOST, ALL = 0x10000, 0x20000, (1 << 64) - 1
-SUBSYS = {"INIT": INIT, "COLL": COLL, "P2P": P2P, "SHM": SHM, "NET": NET, "GRAPH": GRAPH, "TUNING": TUNING,
-          "ENV": ENV, "ALLOC": ALLOC, "CALL": CALL, "PROXY": PROXY, "NVLS": NVLS, "BOOTSTRAP": BOOTSTRAP,
-          "REG": REG, "PROFILE": PROFILE, "RAS": RAS, "DESTROY": DESTROY, "ALLOC_HOST": ALLOC_HOST, "ALL": ALL}
-LEVELS = {"VERSION": 1, "WARN": 2, "INFO": 3, "ABORT": 4, "TRACE": 5}
-LOG_VERSION, LOG_WARN, LOG_INFO = 1, 2, 3
+from .nccl_debug import BOOTSTRAP, ENV, INIT, NET, VERSION, Log, strtoll
+from .nccl_socket import (AF_INET, AF_INET6, IFF_RUNNING, MAX_IFS, Iface, find_interfaces_with, getifaddrs, match_if_list,
+                          parse_string_list)
 
 # ncclResult_t and the strings of ncclGetErrorString (src/init.cc) / torch's getNcclErrorDetailStr
 ERRORS = {
@@ -69,9 +54,6 @@ ERRORS = {
                         "exiting prematurely."),
 }
 
-AF_INET, AF_INET6 = socket.AF_INET, socket.AF_INET6
-IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
-MAX_IFS = 16
 IB_PORT_ACTIVE = 4
 
 
@@ -85,201 +67,6 @@ class NcclError(RuntimeError):
         short, detail = ERRORS.get(self.result, ("unknown result code", "Unknown NCCL error!"))
         return (f"torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp, {short}, "
                 f"NCCL version {VERSION}\n{detail}\nLast error:\n{self.last_error}")
-
-
-# -------------------------------------------------------------------------------- logging ----
-def _strtoll(s: str) -> int:
-    """C strtoll(s, NULL, 0): the leading integer (0x.. hex, 0.. octal), 0 when there is none."""
-    s = s.strip()
-    sign = -1 if s[:1] == "-" else 1
-    s = s[1:] if s[:1] in "+-" else s
-    base, digits = 10, "0123456789"
-    if s[:2].lower() == "0x":
-        base, digits, s = 16, "0123456789abcdef", s[2:]
-    elif s[:1] == "0" and len(s) > 1:
-        base, digits, s = 8, "01234567", s[1:]
-    n = ""
-    for c in s.lower():
-        if c not in digits:
-            break
-        n += c
-    return sign * int(n, base) if n else 0
-
-
-def parse_subsys(value: str | None) -> int:
-    if value is None:
-        return INIT | BOOTSTRAP | ENV
-    invert = value.startswith("^")
-    value = value[1:] if invert else value
-    mask = ALL if invert else 0
-    for tok in value.split(","):
-        tok = tok.strip().upper()
-        if not tok:
-            continue
-        if tok not in SUBSYS:
-            return INIT | BOOTSTRAP | ENV  # the parser refuses the value: the default stays
-        mask = mask & ~SUBSYS[tok] if invert else mask | SUBSYS[tok]
-    return mask
-
-
-class Log:
-    def __init__(self, env: dict, out=None, hostname: str | None = None):
-        self.env = env
-        self.level = LEVELS.get((env.get("NCCL_DEBUG") or "").strip().upper(), 0)
-        self.mask = parse_subsys(env.get("NCCL_DEBUG_SUBSYS"))
-        self.out = out or sys.stdout
-        self.host = (hostname or socket.gethostname()).split(".")[0].replace("%", "-").replace("/", "-")
-        self.pid = os.getpid()
-        self.last_error = ""
-        self.lines: list[str] = []
-        self._shown: set[str] = set()
-
-    def _emit(self, text: str) -> None:
-        self.lines.append(text)
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def _prefix(self) -> str:
-        return f"{self.host}:{self.pid}:{threading.get_native_id()}"
-
-    def info(self, flags: int, msg: str) -> None:
-        if self.level >= LOG_INFO and flags & self.mask:
-            self._emit(f"{self._prefix()} [0] NCCL INFO {msg}")
-
-    def warn(self, where: str, func: str, msg: str) -> None:
-        self.last_error = msg
-        if self.level >= LOG_WARN:
-            ts = time.strftime("[%Y-%m-%d %H:%M:%S] ")
-            self._emit(f"\n{ts}{self._prefix()} [0] {where} ({func}) NCCL WARN {msg}")
-
-    def version(self) -> None:
-        if self.level in (LOG_VERSION, LOG_WARN):
-            self._emit(VERSION_STRING)
-        else:
-            self.info(ALL, VERSION_STRING)
-
-    def param(self, name: str, default: int) -> int:
-        """NCCL_PARAM: the env value through strtoll, logged once when set (src/misc/param.cc)."""
-        s = self.env.get(name)
-        if s is None or s == "":
-            return default
-        v = _strtoll(s)
-        if name not in self._shown:
-            self._shown.add(name)
-            self.info(ENV, f"{name} set by environment to {v}.")
-        return v
-
-
-# ------------------------------------------------------------------------ interfaces (getifaddrs) ----
-class Iface:
-    def __init__(self, name: str, family: int, addr: str, flags: int, prefixlen: int = 24):
-        self.name, self.family, self.addr, self.flags, self.prefixlen = name, family, addr, flags, prefixlen
-
-    def __repr__(self) -> str:
-        return f"Iface({self.name!r}, {self.family}, {self.addr!r}, {self.flags:#x})"
-
-    def sockstr(self) -> str:  # ncclSocketToString, numeric host, port 0
-        return f"{self.addr}<0>"
-
-
-class _sockaddr(ctypes.Structure):
-    _fields_ = [("sa_family", ctypes.c_ushort), ("sa_data", ctypes.c_ubyte * 14)]
-
-
-class _sockaddr_in6(ctypes.Structure):
-    _fields_ = [("sin6_family", ctypes.c_ushort), ("sin6_port", ctypes.c_uint16),
-                ("sin6_flowinfo", ctypes.c_uint32), ("sin6_addr", ctypes.c_ubyte * 16),
-                ("sin6_scope_id", ctypes.c_uint32)]
-
-
-class _ifaddrs(ctypes.Structure):
-    pass
-
-
-_ifaddrs._fields_ = [("ifa_next", ctypes.POINTER(_ifaddrs)), ("ifa_name", ctypes.c_char_p),
-                     ("ifa_flags", ctypes.c_uint), ("ifa_addr", ctypes.POINTER(_sockaddr)),
-                     ("ifa_netmask", ctypes.POINTER(_sockaddr)), ("ifa_ifu", ctypes.POINTER(_sockaddr)),
-                     ("ifa_data", ctypes.c_void_p)]
-
-
-def _addr_bytes(sa, family: int) -> bytes:
-    if family == AF_INET:
-        return bytes(sa.contents.sa_data[2:6])
-    return bytes(ctypes.cast(sa, ctypes.POINTER(_sockaddr_in6)).contents.sin6_addr)
-
-
-def getifaddrs() -> list[Iface]:
-    """libc getifaddrs(3), in its order (what NCCL and Gloo iterate)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    head = ctypes.POINTER(_ifaddrs)()
-    if libc.getifaddrs(ctypes.byref(head)) != 0:
-        raise OSError(ctypes.get_errno(), "getifaddrs")
-    out = []
-    try:
-        p = head
-        while p:
-            ifa = p.contents
-            if ifa.ifa_addr:
-                fam = ifa.ifa_addr.contents.sa_family
-                if fam in (AF_INET, AF_INET6):
-                    addr = socket.inet_ntop(fam, _addr_bytes(ifa.ifa_addr, fam))
-                    plen = 0
-                    if ifa.ifa_netmask:
-                        plen = sum(bin(b).count("1") for b in _addr_bytes(ifa.ifa_netmask, fam))
-                    out.append(Iface(ifa.ifa_name.decode(), fam, addr, ifa.ifa_flags, plen))
-            p = ifa.ifa_next
-    finally:
-        libc.freeifaddrs(head)
-    return out
-
-
-def parse_string_list(s: str | None) -> list[tuple[str, int]]:
-    """parseStringList: comma-separated ``prefix[:port[:rail[:plane]]]`` (port -1 when absent)."""
-    out = []
-    for entry in (s or "").split(","):
-        if not entry:
-            continue
-        parts = entry.split(":")
-        if not parts[0]:
-            continue
-        port = _strtoll(parts[1]) if len(parts) > 1 and parts[1] else -1
-        out.append((parts[0], port))
-    return out
-
-
-def match_if_list(name: str, port: int, ifs: list[tuple[str, int]], exact: bool) -> bool:
-    if not ifs:
-        return True
-    for prefix, p in ifs:
-        ok = name == prefix if exact else name.startswith(prefix)
-        if ok and (port == -1 or p == -1 or port == p):
-            return True
-    return False
-
-
-def find_interfaces_with(prefix_list: str, ifaddrs: list[Iface], family: int, max_ifs: int) -> list[Iface]:
-    """ncclOsFindInterfaces (src/os/linux.cc)."""
-    search_not = prefix_list.startswith("^")
-    prefix_list = prefix_list[1:] if search_not else prefix_list
-    exact = prefix_list.startswith("=")
-    prefix_list = prefix_list[1:] if exact else prefix_list
-    user = parse_string_list(prefix_list)
-    found: list[Iface] = []
-    for ifa in ifaddrs:
-        if len(found) >= max_ifs:
-            break
-        if ifa.family not in (AF_INET, AF_INET6) or not ifa.flags & IFF_RUNNING:
-            continue
-        if family != -1 and ifa.family != family:
-            continue
-        if ifa.family == AF_INET6 and ifa.addr == "::1":
-            continue
-        if not (match_if_list(ifa.name, -1, user, exact) ^ search_not):
-            continue
-        if any(f.name == ifa.name for f in found):
-            continue
-        found.append(ifa)
-    return found
 
 
 # ------------------------------------------------------------------------------- the comm ----
@@ -390,7 +177,7 @@ class _Init:
             nports = len([p for p in os.listdir(pdir) if p.isdigit()]) if os.path.isdir(pdir) else 0
             for port in range(1, nports + 1):
                 st = (_read(os.path.join(pdir, str(port), "state")) or "0").split(":")[0].strip()
-                if _strtoll(st) != IB_PORT_ACTIVE:
+                if strtoll(st) != IB_PORT_ACTIVE:
                     continue
                 ll = (_read(os.path.join(pdir, str(port), "link_layer")) or "").strip()
                 if ll not in ("InfiniBand", "Ethernet"):
@@ -491,7 +278,7 @@ class _Init:
             if "/" in rng:
                 a, m = rng.split("/", 1)
                 try:
-                    prefix, plen = socket.inet_pton(fam, a), _strtoll(m)
+                    prefix, plen = socket.inet_pton(fam, a), strtoll(m)
                     if plen > (32 if fam == AF_INET else 128):
                         prefix, plen = None, 0
                 except OSError:

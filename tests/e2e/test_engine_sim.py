@@ -32,6 +32,7 @@ from e2e.timings import TIMINGS
 from planning import launch, stackplan
 from programs import bootlog
 from sim import cluster as sim_cluster
+from sim import faults as sim_faults
 from sim import grpctrace
 from sim import images as sim_images
 
@@ -155,12 +156,12 @@ def test_prometheus_scrapes_every_target_and_every_panel_reads_data(first, proje
 
 def test_a_rail_set_down_raises_the_fabric_alert_naming_node_and_rail_then_resolves(first, project, alert_sink):
     t0 = time.time()
-    sim_cluster.set_rail(CLUSTER, "spark2", "roceP2p1s0f1", state="DOWN")
+    sim_faults.set_rail(CLUSTER, "spark2", "roceP2p1s0f1", state="DOWN")
     try:
         hit = alert_sink.wait(lambda r: r.status == "firing" and r.labels.get("alertname") == "DsparkRailDown", t0,
                               90, "rail-down alert")  # fmt: skip
     finally:
-        sim_cluster.reset_fabric(CLUSTER)
+        sim_faults.reset_fabric(CLUSTER)
     TIMINGS["alert: a rail set down, to the webhook"] = hit.at - t0
     assert (hit.labels["node"], hit.labels["rail"], hit.labels["hca"]) == ("spark2", "enP2p1s0f1np1", "roceP2p1s0f1")
     summary = hit.annotations["summary"]
@@ -268,17 +269,17 @@ def test_rank_containers_carry_the_memory_plans_limit_and_the_oom_score(first, p
 # fault -> (how the sim breaks the fabric, what `up` must say); each fails `up` before any rank starts
 FABRIC_FAULTS = {
     "a twin down": (
-        lambda: sim_cluster.set_rail(CLUSTER, "spark2", "roceP2p1s0f1", state="DOWN"),
+        lambda: sim_faults.set_rail(CLUSTER, "spark2", "roceP2p1s0f1", state="DOWN"),
         "preflight spark2: FAIL fabric-rails: roceP2p1s0f1 (enP2p1s0f1np1), twin of rocep1s0f1 on the cabled "
         "port, is DOWN"),
     "a port at 100G": (
-        lambda: [sim_cluster.set_rail(CLUSTER, "spark3", rail, speed_mbps=100000, gbps=46.5)
+        lambda: [sim_faults.set_rail(CLUSTER, "spark3", rail, speed_mbps=100000, gbps=46.5)
                  for rail in ("rocep1s0f1", "roceP2p1s0f1")],
         "preflight spark3: FAIL fabric-link-speed: enp1s0f1np1 (rocep1s0f1) negotiated 100000Mb/s, "
         "fabric.linkSpeedMbps is 200000 (a port left at 100G halves the fabric); on a switch, set the port to "
         "200G with autonegotiation off"),
     "an MTU mismatch": (
-        lambda: sim_cluster.set_rail(CLUSTER, "spark3", "rocep1s0f1", mtu=1500),
+        lambda: sim_faults.set_rail(CLUSTER, "spark3", "rocep1s0f1", mtu=1500),
         "preflight spark3: FAIL fabric-mtu: enp1s0f1np1 (rocep1s0f1) has MTU 1500, fabric.mtu is 9000"),
     "the fabric IP on the management interface": (
         None,  # a config change: every fabricIp is its node's host (the 10 GbE management addresses)
@@ -313,7 +314,7 @@ def test_each_fabric_fault_fails_up_in_preflight_naming_node_link_figure_and_fix
             assert "control and data plane on one address" in run.text  # the preview's warning
             for i in range(3):
                 project.set_config(f"cluster.nodes[{i}].fabricIp", f"10.99.1.1{i + 1}")
-        sim_cluster.reset_fabric(CLUSTER)
+        sim_faults.reset_fabric(CLUSTER)
     assert "42" in ask(first.env)  # the old group served throughout
 
 
@@ -322,13 +323,13 @@ def test_a_link_that_carries_13_gbps_fails_the_gate_then_a_healthy_fabric_comes_
     naming the pairs and figures, and no new rank starts; with the link repaired `up` converges."""
     project.set_config("cluster.serving.generation", str(len(FABRIC_FAULTS) + 1))
     for rail in ("rocep1s0f1", "roceP2p1s0f1"):
-        sim_cluster.set_rail(CLUSTER, "spark2", rail, gbps=6.5)
+        sim_faults.set_rail(CLUSTER, "spark2", rail, gbps=6.5)
     run, events = timed_up(project, "sim: up with a link carrying 13 Gb/s (fails at the gate)", expect_ok=False)
     assert run.code != 0
     assert "fabric gate: FAIL spark1<->spark2 carried 13 Gb/s over 2 rail(s)" in run.text, run.text[-4000:]
     assert "below fabric.minBandwidthGbps 175" in run.text and "autonegotiation off" in run.text
     assert not [e for e in events if e.action == "start" and e.name in RANKS]
-    sim_cluster.reset_fabric(CLUSTER)
+    sim_faults.reset_fabric(CLUSTER)
     timed_up(project, "sim: up after the fabric is repaired")
     assert "42" in ask(first.env)
     assert project.outputs()["fabric"]["sim"]["ok"]
@@ -408,7 +409,7 @@ def test_a_pool_below_the_plan_or_memory_held_on_a_node_fails_up_naming_the_figu
     assert boot["kvTokens"] == 375_000 and "375,000" in boot["shortfall"]
     for path in ("cluster.serving.extraEnv.DSPARK_SIM_KV_SHARE", "cluster.readiness.kvShortfall"):
         project.cli("config", "rm", "--path", f"deepseek-spark:{path}").check()
-    sim_cluster.hold_memory(CLUSTER, "spark2", 118 * 1024)
+    sim_faults.hold_memory(CLUSTER, "spark2", 118 * 1024)
     try:
         run, events = timed_up(project, "sim: up with memory held on spark2 (fails at the memory gate)", expect_ok=False)
         assert run.code != 0
@@ -419,7 +420,7 @@ def test_a_pool_below_the_plan_or_memory_held_on_a_node_fails_up_naming_the_figu
         code, doctor = dspark(project, "doctor")
         assert code == 1 and "memory spark2: " in doctor and " SHORT" in doctor
     finally:
-        sim_cluster.release_memory(CLUSTER, "spark2")
+        sim_faults.release_memory(CLUSTER, "spark2")
     timed_up(project, "sim: memory released, up")
     assert project.outputs()["boot"]["sim"]["shortfall"] is None
 

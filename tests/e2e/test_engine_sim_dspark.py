@@ -136,11 +136,11 @@ def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_
     preflight passes) as a serving change restarts the group. pulumi-docker keeps the rank it could create but not start (`Created`, init errors); a
     plain `up` sends it an empty update that starts nothing, and readiness says at once that it never started
     and how to start over; with the hook fixed, `dspark restart` replaces every rank, the head last."""
-    from sim import cluster as sim_cluster
+    from sim import faults as sim_faults
 
     before = containers_of(STACK)
     project.set_config("cluster.serving.maxRunningRequests", "6")  # a serving change: the group restarts
-    sim_cluster.gpu_fault(CLUSTER, "spark2", log=lambda m: None)
+    sim_faults.gpu_fault(CLUSTER, "spark2", log=lambda m: None)
     try:
         run = project.up()
         assert run.code != 0 and "Unable to start container" in run.text, run.text[-3000:]
@@ -159,7 +159,7 @@ def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_
         assert code == 1 and first[0] == "sim-sglang-rank1 (docker:index/container:Container):", out[-3000:]
         assert "unsatisfied condition: cuda>=13.1" in "\n".join(first[1:]), out[-3000:]
     finally:
-        sim_cluster.gpu_fault(CLUSTER, "spark2", None, log=lambda m: None)
+        sim_faults.gpu_fault(CLUSTER, "spark2", None, log=lambda m: None)
     t0 = time.time()
     code, out = dspark(project, "restart", "--yes")
     TIMINGS["dspark restart (a rank never started), to ready"] = time.time() - t0

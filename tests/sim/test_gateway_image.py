@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import ssh
 
-from sim import backend, images
+from sim import backend, images, rootfs
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "programs" / "gateway"
@@ -37,7 +37,7 @@ def _name(req: str) -> str:
 def test_gateway_rootfs_wheels_are_the_requirements_pins():
     pins = _pins()
     assert images.GATEWAY_IMAGE == IMAGE
-    assert images.GATEWAY_ROOTFS.wheels == tuple(pins)
+    assert rootfs.GATEWAY_ROOTFS.wheels == tuple(pins)
     assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!-]+", p) for p in pins), pins
     names = [_name(p) for p in pins]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
@@ -50,11 +50,11 @@ def test_gateway_rootfs_wheels_are_the_requirements_pins():
     assert not [n for n in names if n.startswith("litellm-")]  # litellm-proxy(-extras), litellm-enterprise
     assert not {"pip", "setuptools", "wheel"} & set(names)
     # Debian packages and the wheel platforms (litellm, numpy and tiktoken are manylinux_2_28 only)
-    assert set(images.GATEWAY_ROOTFS.packages) == {"python3", "postgresql-15", "ca-certificates"}
-    assert "manylinux_2_28_x86_64" in images.GATEWAY_ROOTFS.wheel_platform
-    changed = images.RootfsSpec("gateway", images.GATEWAY_ROOTFS.packages, wheels=tuple(pins[:-1]),
-                                wheel_platform=images.GATEWAY_ROOTFS.wheel_platform)
-    assert changed.key() != images.GATEWAY_ROOTFS.key()  # the pins are part of the rootfs key
+    assert set(rootfs.GATEWAY_ROOTFS.packages) == {"python3", "postgresql-15", "ca-certificates"}
+    assert "manylinux_2_28_x86_64" in rootfs.GATEWAY_ROOTFS.wheel_platform
+    changed = rootfs.RootfsSpec("gateway", rootfs.GATEWAY_ROOTFS.packages, wheels=tuple(pins[:-1]),
+                                wheel_platform=rootfs.GATEWAY_ROOTFS.wheel_platform)
+    assert changed.key() != rootfs.GATEWAY_ROOTFS.key()  # the pins are part of the rootfs key
 
 
 def test_gateway_overlay_matches_the_dockerfile():

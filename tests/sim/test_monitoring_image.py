@@ -16,7 +16,7 @@ from sim_helpers import ssh
 
 from declared.stack import MONITORING_IMAGE
 from planning import prometheus
-from sim import backend, images
+from sim import backend, images, rootfs
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "programs" / "monitoring"
@@ -31,9 +31,9 @@ def _apt_packages(dockerfile: str) -> set[str]:
 def test_monitoring_rootfs_is_the_dockerfiles_packages():
     text = (PROGRAM / "Dockerfile").read_text()
     assert images.MONITORING_IMAGE == MONITORING_IMAGE == "deepseek-spark-monitoring:bookworm"
-    assert set(images.MONITORING_ROOTFS.packages) == _apt_packages(text)
+    assert set(rootfs.MONITORING_ROOTFS.packages) == _apt_packages(text)
     assert {"prometheus", "prometheus-alertmanager", "prometheus-node-exporter"} <= _apt_packages(text)
-    assert not images.MONITORING_ROOTFS.wheels  # nothing from PyPI
+    assert not rootfs.MONITORING_ROOTFS.wheels  # nothing from PyPI
     assert re.search(r"^FROM \$\{BASE\}$", text, re.M) and "ARG BASE=debian:bookworm-slim" in text
     assert re.search(r"^CMD \[\"/bin/sh\"\]$", text, re.M) and "ENTRYPOINT" not in text
     ov = images.MONITORING.overlay()

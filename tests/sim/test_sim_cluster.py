@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import http, ssh, wait_for
 
-from sim import cluster
+from sim import cluster, faults, sshconfig
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +127,7 @@ def test_docker_cli_over_ssh_with_user_config_include(sim_cluster):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and r.stdout.strip() == n.name, r.stderr
     finally:
-        cluster.uninstall_ssh_include(name)
+        sshconfig.uninstall_ssh_include(name)
     assert f"dspark-sim {name}" not in (Path.home() / ".ssh" / "config").read_text()
 
 
@@ -183,27 +183,27 @@ def test_meminfo_moves_with_a_pack_a_copy_a_drop_and_held_memory(sim_cluster):
     name, n = sim_cluster.name, sim_cluster.nodes[1]
     ssh(sim_cluster, n, "sysctl -w vm.drop_caches=3 >/dev/null")
     time.sleep(0.6)
-    base = cluster.meminfo(name, n.name)
+    base = faults.meminfo(name, n.name)
     ssh(sim_cluster, n, "mkdir -p /srv/engram/t && cp -r /srv/models/DS4.1/engram /srv/engram/t/ && sync")
     time.sleep(1.2)  # the daemon renders every 0.5 s
-    filled = cluster.meminfo(name, n.name)
+    filled = faults.meminfo(name, n.name)
     assert filled["Cached"] > base["Cached"] + 100_000 and filled["MemFree"] < base["MemFree"] - 100_000
     assert filled["MemAvailable"] < base["MemAvailable"]  # the cache is mostly, not all, reclaimable
     assert "vm.drop_caches = 3" in ssh(sim_cluster, n, "sysctl -w vm.drop_caches=3").stdout
     time.sleep(0.6)
-    assert cluster.meminfo(name, n.name)["Cached"] == base["Cached"]
-    pid = cluster.hold_memory(name, n.name, 100 * 1024)
+    assert faults.meminfo(name, n.name)["Cached"] == base["Cached"]
+    pid = faults.hold_memory(name, n.name, 100 * 1024)
     try:
-        held = cluster.meminfo(name, n.name)
+        held = faults.meminfo(name, n.name)
         assert base["MemAvailable"] - held["MemAvailable"] == 100 * 1024
         assert ssh(sim_cluster, n, f"cat /proc/{pid}/comm").stdout.strip() == "sim-memory-hold"
         gate = ssh(sim_cluster, n, "python3 - --node x --role worker --need-mib 30000", check=False,
                    input=(Path(__file__).parents[2] / "programs" / "memgate.py").read_text())  # fmt: skip
         assert gate.returncode == 1 and "largest processes: sim-memory-hold (pid" in gate.stderr, gate.stderr
     finally:
-        cluster.release_memory(name, n.name)
+        faults.release_memory(name, n.name)
         ssh(sim_cluster, n, "rm -rf /srv/engram/t")
-    assert cluster.meminfo(name, n.name)["MemAvailable"] == base["MemAvailable"]
+    assert faults.meminfo(name, n.name)["MemAvailable"] == base["MemAvailable"]
 
 
 # ---------------------------------------------------------------------------- rank group ----

@@ -2,7 +2,7 @@
 
 Rails A/B are real docker networks (MTU 9000); the nodes rename their interfaces to the Spark names at
 boot; /sys/class/infiniband is the node's simulated sysfs (sim/fabric.py), also inside rank containers
-given /dev/infiniband (sim-runc); faults go through cluster.set_rail / the CLI and are real (ip link).
+given /dev/infiniband (sim-runc); faults go through faults.set_rail / the CLI and are real (ip link).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from sim_helpers import http, ssh, wait_for
 
-from sim import cluster, fabric, images
+from sim import cluster, fabric, faults, images
+from sim.inventory import NodeInfo, SimError
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def probe(info, node, in_container: bool = False) -> dict:
     return json.loads(ssh(info, node, cmd).stdout.strip().splitlines()[-1])
 
 
-def expected_probe(n: cluster.NodeInfo) -> dict:
+def expected_probe(n: NodeInfo) -> dict:
     return {hca: {"pci": pci, "net": [nd], "state": "4: ACTIVE", "phys_state": "5: LinkUp",
                   "gid3": fabric.ipv4_gid(ip), "type3": "RoCE v2", "ndev3": nd, "rate": "200 Gb/sec (4X HDR)"}
             for hca, nd, pci, ip in zip(HCAS, RAILS, ("0000:01:00.1", "0002:01:00.1"), n.rail_ips)}
@@ -58,7 +59,7 @@ def ping(info, node, ip: str, size: int = 8972) -> subprocess.CompletedProcess:
 def healthy_fabric(sim_cluster):
     """Every test that injects a fault leaves the fabric healthy again."""
     yield
-    cluster.reset_fabric(sim_cluster.name, log=lambda m: None)
+    faults.reset_fabric(sim_cluster.name, log=lambda m: None)
 
 
 # ------------------------------------------------------------------------- healthy fabric ----
@@ -74,7 +75,7 @@ def test_interfaces_have_spark_names_by_address(sim_cluster):
 
 
 def test_fabric_models_cli_and_status(sim_cluster):
-    models = cluster.fabric(sim_cluster.name)
+    models = faults.fabric(sim_cluster.name)
     assert models == {n.name: cluster.node_fabric(n) for n in sim_cluster.nodes}
     r = subprocess.run([sys.executable, "-m", "sim", "fabric", "--name", sim_cluster.name, "--json"], cwd=ROOT,
                        capture_output=True, text=True)
@@ -134,7 +135,7 @@ def test_rail_down_then_reset(sim_cluster, healthy_fabric):
     r = subprocess.run([sys.executable, "-m", "sim", "set-rail", n2.name, "roceP2p1s0f1", "--state", "DOWN",
                         "--name", sim_cluster.name], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and "roceP2p1s0f1/enP2p1s0f1np1: state DOWN" in r.stderr, r.stderr
-    assert cluster.fabric(sim_cluster.name)[n2.name]["rails"][1]["state"] == "DOWN"
+    assert faults.fabric(sim_cluster.name)[n2.name]["rails"][1]["state"] == "DOWN"
     out = ssh(sim_cluster, n2, "ethtool enP2p1s0f1np1; ibdev2netdev").stdout
     assert "\tSpeed: Unknown!\n" in out and "\tLink detected: no\n" in out
     assert "roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Down)" in out and "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)" in out
@@ -144,7 +145,7 @@ def test_rail_down_then_reset(sim_cluster, healthy_fabric):
     assert ping(sim_cluster, n1, n2.rail_b).returncode != 0
     assert ping(sim_cluster, n1, n2.rail_a).returncode == 0  # the twin is unaffected
 
-    cluster.reset_fabric(sim_cluster.name, log=lambda m: None)
+    faults.reset_fabric(sim_cluster.name, log=lambda m: None)
     assert probe(sim_cluster, n2) == expected_probe(n2)
     assert ping(sim_cluster, n1, n2.rail_b).returncode == 0
     assert "\tLink detected: yes\n" in ssh(sim_cluster, n2, "ethtool enP2p1s0f1np1").stdout
@@ -152,31 +153,31 @@ def test_rail_down_then_reset(sim_cluster, healthy_fabric):
 
 def test_mtu_mismatch_breaks_jumbo_pings_only(sim_cluster, healthy_fabric):
     n1, n3 = sim_cluster.nodes[0], sim_cluster.nodes[2]
-    cluster.set_rail(sim_cluster.name, n3.name, "enp1s0f1np1", mtu=1500, log=lambda m: None)
+    faults.set_rail(sim_cluster.name, n3.name, "enp1s0f1np1", mtu=1500, log=lambda m: None)
     assert ssh(sim_cluster, n3, "cat /sys/class/net/enp1s0f1np1/mtu").stdout.strip() == "1500"
     assert ping(sim_cluster, n1, n3.rail_a, 8972).returncode != 0   # dropped at spark3's 1500-byte netdev
     assert ping(sim_cluster, n1, n3.rail_a, 1472).returncode == 0
     r = ping(sim_cluster, n3, n1.rail_a, 8972)
     assert r.returncode != 0 and "message too long, mtu=1500" in (r.stdout + r.stderr)
     assert ping(sim_cluster, n1, n3.rail_b, 8972).returncode == 0   # rail B keeps 9000
-    cluster.reset_fabric(sim_cluster.name, log=lambda m: None)
+    faults.reset_fabric(sim_cluster.name, log=lambda m: None)
     assert ping(sim_cluster, n1, n3.rail_a, 8972).returncode == 0
 
 
 def test_slow_links_are_modelled(sim_cluster, healthy_fabric):
     n = sim_cluster.nodes[0]
     for rail in HCAS:  # a switch port stuck at 100G: both twins
-        cluster.set_rail(sim_cluster.name, n.name, rail, speed_mbps=100000, gbps=46, log=lambda m: None)
+        faults.set_rail(sim_cluster.name, n.name, rail, speed_mbps=100000, gbps=46, log=lambda m: None)
     out = ssh(sim_cluster, n, "ethtool enp1s0f1np1; ethtool enP2p1s0f1np1").stdout
     assert out.count("\tSpeed: 100000Mb/s\n") == 2 and out.count("\tLink detected: yes\n") == 2
     assert {v["rate"] for v in probe(sim_cluster, n).values()} == {"100 Gb/sec (4X EDR)"}
     m = json.loads(ssh(sim_cluster, n, f"cat {fabric.MODEL_PATH}").stdout)
     assert [(r["speed_mbps"], r["gbps"]) for r in m["rails"]] == [(100000, 46), (100000, 46)]
-    m = cluster.set_rail(sim_cluster.name, n.name, "rocep1s0f1", speed_mbps=200000, gbps=6.5, log=lambda m: None)
+    m = faults.set_rail(sim_cluster.name, n.name, "rocep1s0f1", speed_mbps=200000, gbps=6.5, log=lambda m: None)
     assert m["rails"][0]["gbps"] == 6.5  # advertises 200G, carries 13 Gb/s over both twins
     assert "\tSpeed: 200000Mb/s\n" in ssh(sim_cluster, n, "ethtool enp1s0f1np1").stdout
-    with pytest.raises(cluster.SimError, match="state 'UP'"):
-        cluster.set_rail(sim_cluster.name, n.name, "rocep1s0f1", state="UP", log=lambda m: None)
+    with pytest.raises(SimError, match="state 'UP'"):
+        faults.set_rail(sim_cluster.name, n.name, "rocep1s0f1", state="UP", log=lambda m: None)
 
 
 # ----------------------------------------------------------------------- NCCL in the ranks ----
@@ -207,7 +208,7 @@ def test_nccl_double_in_a_rank_container(sim_cluster, healthy_fabric):
     assert r.returncode == 1 and "Unable to find address for: eth0" in r.stdout
 
     for rail in HCAS:
-        cluster.set_rail(sim_cluster.name, n.name, rail, state="DOWN", log=lambda m: None)
+        faults.set_rail(sim_cluster.name, n.name, rail, state="DOWN", log=lambda m: None)
     r = nccl_in_container(sim_cluster, n, dict(PROGRAM_NCCL, NCCL_SOCKET_IFNAME="enP7s7", GLOO_SOCKET_IFNAME="enP7s7"))
     assert r.returncode == 1 and "NET/IB : No device found." in r.stdout
     assert "NCCL WARN Failed to initialize any NET plugin" in r.stdout
@@ -276,15 +277,15 @@ def test_sglang_double_dies_on_a_bad_gid_index(sim_cluster, sg_pair):
 # ----------------------------------------------------------------------- restart (last) ----
 def test_fabric_survives_a_node_restart(sim_cluster, healthy_fabric):
     n = sim_cluster.nodes[2]
-    cluster.set_rail(sim_cluster.name, n.name, "enP2p1s0f1np1", mtu=4000, log=lambda m: None)
+    faults.set_rail(sim_cluster.name, n.name, "enP2p1s0f1np1", mtu=4000, log=lambda m: None)
     cluster.stop_node(sim_cluster.name, n.name, log=lambda m: None)
-    m = cluster.set_rail(sim_cluster.name, n.name, "rocep1s0f1", state="DOWN", log=lambda m: None)  # while stopped
+    m = faults.set_rail(sim_cluster.name, n.name, "rocep1s0f1", state="DOWN", log=lambda m: None)  # while stopped
     assert m["rails"][0]["state"] == "DOWN"
     cluster.start_node(sim_cluster.name, n.name, log=lambda m: None)
     links = {lk["ifname"]: lk for lk in json.loads(ssh(sim_cluster, n, "ip -j addr show").stdout)}
     assert {"enP7s7", "enp1s0f1np1", "enP2p1s0f1np1"} <= set(links)
     assert links["enP2p1s0f1np1"]["mtu"] == 4000 and "UP" not in links["enp1s0f1np1"]["flags"]
     assert probe(sim_cluster, n)["rocep1s0f1"]["state"] == "1: DOWN"
-    cluster.reset_fabric(sim_cluster.name, log=lambda m: None)
+    faults.reset_fabric(sim_cluster.name, log=lambda m: None)
     assert probe(sim_cluster, n) == expected_probe(n)
     assert ping(sim_cluster, sim_cluster.nodes[0], n.rail_a).returncode == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import cluster, fabric, images
+from sim import cluster, fabric, images, inventory, rootfs, sshconfig
 from sim.testdouble import engram, flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_plan_default_addresses():
 
 
 def test_plan_reports_all_errors():
-    with pytest.raises(cluster.SimError) as e:
+    with pytest.raises(inventory.SimError) as e:
         cluster.plan("Bad_Name", 0, "10.0.0.0/28")
     msg = str(e.value)
     assert "Bad_Name" in msg and "nodes=0" in msg and "/24" in msg
@@ -40,7 +40,7 @@ def test_plan_reports_all_errors():
 def test_state_paths_for_sim(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    key, kh, cfg = cluster._ssh_paths("sim")
+    key, kh, cfg = sshconfig.ssh_paths("sim")
     assert key == tmp_path / ".local/state/deepseek-spark-sim/sim/id_ed25519"
     assert kh == tmp_path / ".local/state/deepseek-spark-sim/sim/known_hosts"
     assert cfg == tmp_path / ".local/state/deepseek-spark-sim/sim/ssh_config"
@@ -50,7 +50,7 @@ def test_render_ssh_config(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     nodes = cluster.plan("sim", 2).nodes
     d = tmp_path / ".local/state/deepseek-spark-sim/sim"
-    text = cluster.render_ssh_config("sim", nodes, d / "id_ed25519", d / "known_hosts")
+    text = sshconfig.render_ssh_config("sim", nodes, d / "id_ed25519", d / "known_hosts")
     assert "Host spark1 sim-spark1 172.30.99.11\n    HostName 172.30.99.11\n    User root\n" in text
     assert "Host spark2 sim-spark2 172.30.99.12" in text
     assert text.count("IdentityFile ~/.local/state/deepseek-spark-sim/sim/id_ed25519") == 2
@@ -61,29 +61,29 @@ def test_render_ssh_config(monkeypatch, tmp_path):
 
 def test_render_known_hosts():
     n = cluster.plan("sim", 1).nodes
-    text = cluster.render_known_hosts("sim", [(n[0], ["ssh-ed25519 AAAAkey root@spark1", "bogus"])])
+    text = sshconfig.render_known_hosts("sim", [(n[0], ["ssh-ed25519 AAAAkey root@spark1", "bogus"])])
     assert text == "172.30.99.11,spark1,sim-spark1 ssh-ed25519 AAAAkey\n"
 
 
 def test_include_block_is_first_keyed_and_idempotent():
     user = "Host *\n    ServerAliveInterval 30\n"
-    once = cluster.add_include_block(user, "sim", "~/.local/state/deepseek-spark-sim/sim/ssh_config")
+    once = sshconfig.add_include_block(user, "sim", "~/.local/state/deepseek-spark-sim/sim/ssh_config")
     assert once.startswith("# BEGIN dspark-sim sim\nInclude ~/.local/state/deepseek-spark-sim/sim/ssh_config\n")
     assert once.endswith(user)
-    assert cluster.add_include_block(once, "sim", "~/x") .count("BEGIN dspark-sim sim") == 1
-    other = cluster.add_include_block(once, "simtest", "~/y")
-    assert cluster.remove_include_block(other, "simtest") == once
-    assert cluster.remove_include_block(once, "sim") == user
+    assert sshconfig.add_include_block(once, "sim", "~/x") .count("BEGIN dspark-sim sim") == 1
+    other = sshconfig.add_include_block(once, "simtest", "~/y")
+    assert sshconfig.remove_include_block(other, "simtest") == once
+    assert sshconfig.remove_include_block(once, "sim") == user
 
 
 def test_ssh_info_json_shape(tmp_path):
     nodes = cluster.plan("sim", 3).nodes
-    si = cluster.SshInfo("sim", nodes, "root", tmp_path / "id_ed25519", tmp_path / "known_hosts",
+    si = sshconfig.SshInfo("sim", nodes, "root", tmp_path / "id_ed25519", tmp_path / "known_hosts",
                          tmp_path / "ssh_config", "")
     j = si.to_json()
     assert j["nodes"][0] == {"name": "spark1", "host": "172.30.99.11", "user": "root", "port": 22,
                              "container": "sim-spark1", "host_key": None}
-    (tmp_path / "known_hosts").write_text(cluster.render_known_hosts("sim", [(nodes[1], ["ssh-ed25519 AAAAk x"])]))
+    (tmp_path / "known_hosts").write_text(sshconfig.render_known_hosts("sim", [(nodes[1], ["ssh-ed25519 AAAAk x"])]))
     assert si.to_json()["nodes"][1]["host_key"] == "ssh-ed25519 AAAAk"
     assert j["private_key"].endswith("id_ed25519") and j["known_hosts"].endswith("known_hosts")
     assert j["ssh_opts"][:2] == ["-i", str(tmp_path / "id_ed25519")]
@@ -106,14 +106,14 @@ Components: main
 
 
 def test_mirror_from_deb822():
-    assert images.mirror_from_sources([DEB822]) == "http://mirror.example/debian"
+    assert rootfs.mirror_from_sources([DEB822]) == "http://mirror.example/debian"
 
 
 def test_mirror_deb822_security_only_and_disabled():
     sec = DEB822.split("\n\n")[1]
-    assert images.mirror_from_sources([sec]) is None
+    assert rootfs.mirror_from_sources([sec]) is None
     disabled = "Enabled: no\n" + DEB822.split("\n\n")[0]
-    assert images.mirror_from_sources([disabled], "deb http://one.example/debian/ bookworm main") == \
+    assert rootfs.mirror_from_sources([disabled], "deb http://one.example/debian/ bookworm main") == \
         "http://one.example/debian"
 
 
@@ -123,35 +123,35 @@ deb http://security.example/debian-security bookworm-security main
 deb-src http://src.example/debian bookworm main
 deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main contrib
 """
-    assert images.mirror_from_sources([], lst) == "http://one.example/debian"
-    assert images.mirror_from_sources([], lst, suite="trixie") is None
+    assert rootfs.mirror_from_sources([], lst) == "http://one.example/debian"
+    assert rootfs.mirror_from_sources([], lst, suite="trixie") is None
 
 
 def test_rootfs_cache_key():
-    a = images.RootfsSpec("node", ("python3", "sudo"))
-    assert a.key() == images.RootfsSpec("node", ("sudo", "python3")).key()  # order-free
-    assert a.key() != images.RootfsSpec("node", ("python3", "sudo", "curl")).key()
-    assert a.key() != images.RootfsSpec("node", ("python3", "sudo"), suite="trixie").key()
+    a = rootfs.RootfsSpec("node", ("python3", "sudo"))
+    assert a.key() == rootfs.RootfsSpec("node", ("sudo", "python3")).key()  # order-free
+    assert a.key() != rootfs.RootfsSpec("node", ("python3", "sudo", "curl")).key()
+    assert a.key() != rootfs.RootfsSpec("node", ("python3", "sudo"), suite="trixie").key()
     assert len(a.key()) == 16
 
 
 def test_engine_wheels_pinned_once_and_in_the_key():
     """Ray's and the SGLang router's sets together: every requirement an exact pin, each name once
     (a name shared by both sets is pinned in RAY_WHEELS only), all of it in the engine rootfs key."""
-    names = [r.split("==")[0].lower().replace("_", "-") for r in images.ENGINE_WHEELS]
-    assert all(r.count("==") == 1 and r.split("==")[1] for r in images.ENGINE_WHEELS)
+    names = [r.split("==")[0].lower().replace("_", "-") for r in rootfs.ENGINE_WHEELS]
+    assert all(r.count("==") == 1 and r.split("==")[1] for r in rootfs.ENGINE_WHEELS)
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
-    assert f"sglang-router=={images.ROUTER_VERSION}" in images.ENGINE_ROOTFS.wheels
-    assert f"ray=={images.RAY_VERSION}" in images.ENGINE_ROOTFS.wheels
-    assert set(images.ENGINE_ROOTFS.wheels) == set(images.RAY_WHEELS) | set(images.ROUTER_WHEELS)
-    without = images.RootfsSpec("engine", ("python3",), wheels=images.RAY_WHEELS)
-    assert images.ENGINE_ROOTFS.key() != without.key()
-    shuffled = images.RootfsSpec("engine", ("python3",), wheels=tuple(reversed(images.ENGINE_WHEELS)))
-    assert images.ENGINE_ROOTFS.key() == shuffled.key()  # order-free, deterministic
+    assert f"sglang-router=={rootfs.ROUTER_VERSION}" in rootfs.ENGINE_ROOTFS.wheels
+    assert f"ray=={rootfs.RAY_VERSION}" in rootfs.ENGINE_ROOTFS.wheels
+    assert set(rootfs.ENGINE_ROOTFS.wheels) == set(rootfs.RAY_WHEELS) | set(rootfs.ROUTER_WHEELS)
+    without = rootfs.RootfsSpec("engine", ("python3",), wheels=rootfs.RAY_WHEELS)
+    assert rootfs.ENGINE_ROOTFS.key() != without.key()
+    shuffled = rootfs.RootfsSpec("engine", ("python3",), wheels=tuple(reversed(rootfs.ENGINE_WHEELS)))
+    assert rootfs.ENGINE_ROOTFS.key() == shuffled.key()  # order-free, deterministic
 
 
 def test_image_tags_follow_overlay_content():
-    spec = images.ENGINE_ROOTFS
+    spec = rootfs.ENGINE_ROOTFS
     ov = images.engine_overlay(spec.key())
     t1 = images.image_tag("sglang-sim", spec, ov)
     assert t1 == images.image_tag("sglang-sim", spec, images.engine_overlay(spec.key()))  # deterministic
@@ -356,7 +356,7 @@ def test_plan_rail_networks_and_addresses():
         ("spark3", "172.30.99.13", "10.99.1.13", "10.99.2.13")]
     t = cluster.plan("simtest", 2, "172.30.98.0/24")
     assert t.rail_subnets == ["10.98.1.0/24", "10.98.2.0/24"] and t.nodes[1].rail_ips == ["10.98.1.12", "10.98.2.12"]
-    si = cluster.SshInfo("sim", p.nodes, "root", Path("/k"), Path("/kh"), Path("/c"), "")
+    si = sshconfig.SshInfo("sim", p.nodes, "root", Path("/k"), Path("/kh"), Path("/c"), "")
     info = cluster.ClusterInfo("sim", p.network, p.subnet, p.nodes, si, rail_networks=p.rail_networks,
                                rail_subnets=p.rail_subnets)
     j = info.to_json()
@@ -477,14 +477,28 @@ def test_ethtool_output_from_the_model(tmp_path):
     assert fabric.ethtool_fallback(["eth0"], root) == (75, "No data available\n", fabric.NO_DEVICE)
 
 
+def node_files(tmp_path) -> Path:
+    """The node image overlay's sim-fabric and python packages, written under a temp dir (exact bytes)."""
+    root = tmp_path / "node-image"
+    for path, (data, mode) in images.node_overlay("k").files.items():
+        if path == "usr/local/sbin/sim-fabric" or path.startswith("usr/lib/python3/dist-packages/"):
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+            (root / path).chmod(mode)
+    return root
+
+
 def test_fabric_cli_ethtool_and_ibdev2netdev(tmp_path):
+    """sim-fabric as the node runs it: its launcher and the dspark_sim package of the node image, nothing else."""
     m, root, _ = spark_root(tmp_path, fabric.with_rail(
         fabric.node_model("spark1", "172.30.99.11", ["10.99.1.11", "10.99.2.11"]), "roceP2p1s0f1", state="DOWN"))
     model = tmp_path / "fabric.json"
     model.write_text(fabric.dumps(m))
-    env = dict(os.environ, DSPARK_SIM_FABRIC_JSON=str(model), DSPARK_SIM_SYSFS=root)
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "sim/fabric.py"), *a], env=env,  # noqa: E731
-                                    capture_output=True, text=True)
+    node = node_files(tmp_path)
+    env = dict(os.environ, DSPARK_SIM_FABRIC_JSON=str(model), DSPARK_SIM_SYSFS=root,
+               PYTHONPATH=str(node / "usr/lib/python3/dist-packages"))
+    run = lambda *a: subprocess.run([sys.executable, "-B", str(node / "usr/local/sbin/sim-fabric"), *a],  # noqa: E731
+                                    env=env, capture_output=True, text=True, cwd=tmp_path)
     r = run("ethtool", "nosuch0")  # as Debian's ethtool 6.1 answers
     assert (r.returncode, r.stdout) == (75, "No data available\n")
     assert r.stderr == "netlink error: no device matches name (offset 24)\nnetlink error: No such device\n" * 5
@@ -527,8 +541,8 @@ def test_create_recreates_a_cluster_of_another_sim_version(monkeypatch):
     calls, logs = [], []
     nodes = cluster.plan("simtest", 2, "172.30.98.0/24").nodes
     monkeypatch.setattr(cluster.backend, "engine_available", lambda: (True, "x"))
-    monkeypatch.setattr(cluster, "_nodes_from_docker", lambda name: [] if calls else nodes)
-    monkeypatch.setattr(cluster, "_versions_from_docker", lambda name: {"simtest-spark1": "1", "simtest-spark2": "1"})
+    monkeypatch.setattr(inventory, "nodes", lambda name: [] if calls else nodes)
+    monkeypatch.setattr(inventory, "versions", lambda name: {"simtest-spark1": "1", "simtest-spark2": "1"})
     monkeypatch.setattr(cluster, "_delete", lambda name, log=print: calls.append(("delete", name)))
 
     class Stop(Exception):
@@ -544,18 +558,18 @@ def test_create_recreates_a_cluster_of_another_sim_version(monkeypatch):
 
 
 # ---------------------------------------------------------------- NCCL double, unit level ----
-from sim.testdouble import nccl  # noqa: E402
+from sim.testdouble import nccl, nccl_debug, nccl_socket  # noqa: E402
 
-RUN, UP = nccl.IFF_RUNNING, nccl.IFF_UP
+RUN, UP = nccl_socket.IFF_RUNNING, nccl_socket.IFF_UP
 
 
 def spark_ifaddrs(m, down=()):
-    I = nccl.Iface  # noqa: E741 -- getifaddrs order: lo, the management NIC, the twins
-    out = [I("lo", nccl.AF_INET, "127.0.0.1", UP | RUN | nccl.IFF_LOOPBACK, 8),
-           I("enP7s7", nccl.AF_INET, m["management"]["ip"], UP | RUN)]
+    I = nccl_socket.Iface  # noqa: E741 -- getifaddrs order: lo, the management NIC, the twins
+    out = [I("lo", nccl_socket.AF_INET, "127.0.0.1", UP | RUN | nccl_socket.IFF_LOOPBACK, 8),
+           I("enP7s7", nccl_socket.AF_INET, m["management"]["ip"], UP | RUN)]
     for r in m["rails"]:
         gone = r["state"] != "ACTIVE" or r["netdev"] in down
-        out.append(I(r["netdev"], nccl.AF_INET, r["ip"], 0x1002 if gone else UP | RUN))
+        out.append(I(r["netdev"], nccl_socket.AF_INET, r["ip"], 0x1002 if gone else UP | RUN))
     return out
 
 
@@ -698,16 +712,16 @@ def test_nccl_debug_levels_and_subsystems(tmp_path):
     assert "NET/IB : Using" not in out and "set by environment" not in out and "Bootstrap: Using" in out
     out = run_nccl(tmp_path / "i", dict(PROGRAM_ENV, NCCL_DEBUG_SUBSYS="^INIT,ENV"))[1]
     assert "NET/IB : Using" in out and "NCCL_IB_HCA set to" in out  # INIT|NET, NET|ENV lines: NET is on
-    assert nccl.parse_subsys(None) == nccl.INIT | nccl.BOOTSTRAP | nccl.ENV
-    assert nccl.parse_subsys("init,net") == nccl.INIT | nccl.NET
+    assert nccl_debug.parse_subsys(None) == nccl_debug.INIT | nccl_debug.BOOTSTRAP | nccl_debug.ENV
+    assert nccl_debug.parse_subsys("init,net") == nccl_debug.INIT | nccl_debug.NET
 
 
 def test_nccl_string_lists_and_strtoll():
-    assert nccl.parse_string_list("mlx5_0:1,mlx5_1,,:2") == [("mlx5_0", 1), ("mlx5_1", -1)]
-    assert [nccl._strtoll(s) for s in ("3", "0x10", "010", "-1", "abc", "7x")] == [3, 16, 8, -1, 0, 7]
-    assert nccl.match_if_list("rocep1s0f1", 1, [("roce", -1)], False)
-    assert not nccl.match_if_list("rocep1s0f1", 1, [("roce", -1)], True)
-    assert nccl.match_if_list("anything", 1, [], True)
+    assert nccl_socket.parse_string_list("mlx5_0:1,mlx5_1,,:2") == [("mlx5_0", 1), ("mlx5_1", -1)]
+    assert [nccl_debug.strtoll(s) for s in ("3", "0x10", "010", "-1", "abc", "7x")] == [3, 16, 8, -1, 0, 7]
+    assert nccl_socket.match_if_list("rocep1s0f1", 1, [("roce", -1)], False)
+    assert not nccl_socket.match_if_list("rocep1s0f1", 1, [("roce", -1)], True)
+    assert nccl_socket.match_if_list("anything", 1, [], True)
 
 
 def test_gloo_needs_an_address_on_its_interface():
@@ -731,5 +745,5 @@ def test_rank_init_prints_the_torch_error(tmp_path):
 
 
 def test_getifaddrs_sees_loopback():
-    ifs = nccl.getifaddrs()
-    assert any(i.name == "lo" and i.addr == "127.0.0.1" and i.flags & nccl.IFF_UP for i in ifs)
+    ifs = nccl_socket.getifaddrs()
+    assert any(i.name == "lo" and i.addr == "127.0.0.1" and i.flags & nccl_socket.IFF_UP for i in ifs)

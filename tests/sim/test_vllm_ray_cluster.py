@@ -10,7 +10,7 @@ import pytest
 from sim_helpers import (API_KEY_FILE, HEAD_WRAPPER, WORKER_WRAPPER, head_env, http, serve_args, sse, ssh,
                          wait_for, worker_args, worker_env)
 
-from sim import images
+from sim import images, rootfs
 
 pytestmark = pytest.mark.integration
 API_KEY = "sim-vllm-key"
@@ -78,7 +78,7 @@ def test_vllm_image_on_every_node(sim_cluster):
                                   "docker run --rm vllm-sim:test-double sh -c 'ray --version && vllm --version && "
                                   "python3 -c \"import ray; print(ray.__version__)\"'").stdout.split("\n")
         assert out[0] == out[1] and out[0].startswith("sha256:")  # one image, two names
-        assert out[2] == f"ray, version {images.RAY_VERSION}" and out[4] == images.RAY_VERSION  # real Ray
+        assert out[2] == f"ray, version {rootfs.RAY_VERSION}" and out[4] == rootfs.RAY_VERSION  # real Ray
         assert out[3].endswith("+test-double")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import http, serve_args, sse, wait_for
 
-from sim import images
+from sim import images, rootfs
 from sim.testdouble import engram, flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def image_root(tmp_path_factory) -> Path:
     """The engine image overlay's python packages and CLIs, written under a temp dir (exact bytes,
     only the ``#!/usr/bin/python3`` shebang points at this interpreter)."""
     root = tmp_path_factory.mktemp("engine-image")
-    ov = images.engine_overlay(images.ENGINE_ROOTFS.key())
+    ov = images.engine_overlay(rootfs.ENGINE_ROOTFS.key())
     site, bindir = "usr/lib/python3/dist-packages/", "usr/local/bin/"
     for path, (data, mode) in ov.files.items():
         if path.startswith(site):
