@@ -95,10 +95,7 @@ class GatewayPlan:
     @property
     def files_digest(self) -> str:
         """What the containers were started with: a change restarts them (their label holds it)."""
-        h = hashlib.sha256()
-        for name in sorted(self.files):
-            h.update(f"{name}\0{self.files[name]}\0".encode())
-        return h.hexdigest()[:16]
+        return files_digest(self.files)
 
 
 def litellm_config(gw: GatewayConfig, model: str, upstream: str) -> dict:
@@ -126,6 +123,14 @@ def litellm_config(gw: GatewayConfig, model: str, upstream: str) -> dict:
             "drop_params": False,
         },
     }  # fmt: skip
+
+
+def files_digest(files: dict[str, str]) -> str:
+    """A short digest of files by name and content: a container labelled with it is restarted when one changes."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(f"{name}\0{files[name]}\0".encode())
+    return h.hexdigest()[:16]
 
 
 def files_write(directory: str, files: dict[str, str], sudo: str = "") -> str:

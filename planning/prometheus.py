@@ -24,7 +24,7 @@ import yaml
 
 from declared.stack import MONITORING_IMAGE, MonitoringConfig, StackConfig
 from .commands import secret_file_create, secret_file_delete
-from .gateway import files_write
+from .gateway import files_digest, files_write
 from .nodeplan import NodePlan
 
 q = shlex.quote
@@ -98,10 +98,7 @@ class ServerPlan:
     @property
     def files_digest(self) -> str:
         """What Prometheus was started with: a change restarts it (its label holds it)."""
-        h = hashlib.sha256()
-        for name in sorted(self.files):
-            h.update(f"{name}\0{self.files[name]}\0".encode())
-        return h.hexdigest()[:16]
+        return files_digest(self.files)
 
 
 @dataclass(frozen=True)
