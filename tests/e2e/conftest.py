@@ -13,7 +13,7 @@ import pytest
 
 from e2e.pulumi_cli import ROOT, PulumiProject, engine_dir
 from e2e.observing import AlertSink
-from e2e.timings import HEALS, SCRAPES, TIMINGS
+from e2e.timings import TIMINGS
 
 CLUSTER = "sim"  # Pulumi.sim.yaml and Pulumi.sim-tp2.yaml point at this cluster's ssh key and known_hosts
 
@@ -262,29 +262,6 @@ def ask(env: dict[str, str], key: str | None = None) -> str:
 def resources_summary(text: str) -> str:
     """The `Resources:` block of a preview or update: what a reviewer reads first."""
     return text.split("\nResources:", 1)[-1].split("\n\n", 1)[0] if "\nResources:" in text else ""
-
-
-def pytest_terminal_summary(terminalreporter):
-    if TIMINGS:  # the simulated cluster ran: say what it did not exercise, and how long things took
-        from sim import adaptations
-
-        terminalreporter.section("e2e: simulated cluster")
-        terminalreporter.write_line(adaptations.describe())
-        terminalreporter.section("e2e timings (seconds)")
-        for name, seconds in TIMINGS.items():
-            terminalreporter.write_line(f"{name:45s} {seconds:8.1f}")
-    if SCRAPES:
-        terminalreporter.section("Prometheus: each target's last scrape (what it costs)")
-        terminalreporter.write_line(f"{'stack job target':55s} {'seconds':>8s} {'samples':>8s}")
-        for name, (seconds, samples) in SCRAPES.items():
-            terminalreporter.write_line(f"{name:55s} {seconds:8.4f} {samples:8.0f}")
-    if HEALS:
-        terminalreporter.section("self-healing: seconds after the fault (no command run)")
-        cols = ("detected", "restarted", "serving", "answering")
-        terminalreporter.write_line(f"{'fault':45s} " + " ".join(f"{c:>10s}" for c in cols))
-        for name, marks in HEALS.items():
-            terminalreporter.write_line(f"{name:45s} " + " ".join(
-                f"{marks[c]:10.1f}" if marks.get(c) is not None else f"{'-':>10s}" for c in cols))
 
 
 def read_diagnose(path: Path) -> dict[str, str]:
