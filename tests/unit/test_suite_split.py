@@ -41,3 +41,29 @@ def test_the_e2e_and_sim_clusters_are_apart():
     others = [ipaddress.ip_network(n) for n in (simtest.subnet, *simtest.rail_subnets)]
     assert not any(a.overlaps(b) for a in nets for b in others)
     assert not {n.container for n in e2e.nodes} & {n.container for n in simtest.nodes}
+
+
+def test_the_e2e_figures_travel_from_the_worker_to_the_controller(monkeypatch):
+    """A worker's timings, heals and scrape costs reach the controller's tables (they print there)."""
+    from types import SimpleNamespace
+
+    from e2e import timings
+
+    conftest = suite_conftest()
+    for name in ("TIMINGS", "HEALS", "SCRAPES"):
+        monkeypatch.setattr(conftest, name, {})
+    conftest.TIMINGS["sim: no-op up"] = 6.8
+    conftest.HEALS["a rank SIGKILLed"] = {"detected": 0.4, "answering": 3.4}
+    conftest.SCRAPES["sim engine 172.30.99.11:8888"] = (0.0012, 149.0)
+    worker = SimpleNamespace(config=SimpleNamespace(workeroutput={}))
+    conftest.pytest_sessionfinish(worker)
+    sent = worker.config.workeroutput
+    assert "dspark_figures" in sent and timings.TIMINGS is not conftest.TIMINGS
+    for name in ("TIMINGS", "HEALS", "SCRAPES"):  # the controller's own, empty until a worker is down
+        monkeypatch.setattr(conftest, name, {})
+    conftest.pytest_testnodedown(SimpleNamespace(workeroutput=sent), None)
+    assert conftest.TIMINGS == {"sim: no-op up": 6.8}
+    assert conftest.HEALS == {"a rank SIGKILLed": {"detected": 0.4, "answering": 3.4}}
+    assert conftest.SCRAPES == {"sim engine 172.30.99.11:8888": (0.0012, 149.0)}
+    conftest.pytest_testnodedown(SimpleNamespace(workeroutput={}), None)  # a worker that ran no e2e test
+    assert conftest.TIMINGS == {"sim: no-op up": 6.8}
