@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stack", default="sim", choices=sorted(cmd_demo.SIM_STACKS), help="a sim stack (default sim)")
     sp.add_argument("--project-dir", default=".", help="where Pulumi.<stack>.yaml is (default: .)")
     sp.add_argument("--down", action="store_true", help="destroy the stack and delete the simulated cluster")
+    sp.add_argument("--cluster", metavar="NAME", help="the simulated cluster to run on (default: the demo's own, "
+                    "<stack>-demo; the tests pass theirs)")
     sp = add("repair", cmd_repair, "put back what drifted (refresh + up), never an unapplied config change")
     sp.add_argument("--yes", action="store_true", help="repair the drift found (default: only report it)")
     sp.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
@@ -146,7 +148,7 @@ def main(
         return exc.code if isinstance(exc.code, int) else CANNOT_RUN
     try:
         if args.command == "demo":
-            return cmd_demo.run(args.project_dir, args.stack, args.down, out, err)
+            return cmd_demo.run(args.project_dir, args.stack, args.down, out, err, args.cluster)
         stack = load(args.stack, args.project_dir, args.outputs_file, args.group)
         if args.command == "plan":
             return cmd_plan.run(stack, args.json, out)

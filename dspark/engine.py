@@ -20,6 +20,10 @@ from typing import Optional, TextIO
 ROOT = Path(__file__).resolve().parents[1]
 SIM_PLUGINS = ROOT / "sim/providers/bin"  # the docker and command plugin TEST DOUBLES
 VERSION = "v3.274.1"  # .ci/engine-setup's PULUMI_VERSION
+# What a project folder of its own (the demo's, a test's) links from the checkout: the program's code, the policy
+# pack, the sim and the virtualenv (Pulumi.yaml: `.venv`). Its stack files are its own.
+PROJECT_LINKS = ("Pulumi.yaml", "__main__.py", "declared", "planning", "components", "programs", "dspark", "policy",
+                 "sim", ".venv")
 
 
 class EngineMissing(Exception):
@@ -56,6 +60,15 @@ def environment(engine: Path, backend: Path, pulumi_home: Path, passphrase: dict
         "DSPARK_PYTHON": sys.executable,
         "NO_COLOR": "1",
     }
+
+
+def link_project(folder: Path, checkout: Path) -> None:
+    """Make `folder` a project folder running `checkout`'s program (PROJECT_LINKS; existing links are kept)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_LINKS:
+        link = folder / name
+        if not link.is_symlink():
+            link.symlink_to(checkout / name)
 
 
 def stream(argv: list[str], cwd: Path, env: Optional[dict[str, str]], out: TextIO, err: TextIO) -> int:

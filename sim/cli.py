@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("create", help="create the cluster (idempotent)")
     c.add_argument("--name", default="sim")
     c.add_argument("--nodes", type=int, default=3)
-    c.add_argument("--subnet", default=None, help="default 172.30.99.0/24")
+    c.add_argument("--subnet", default=None,
+                   help="default: the cluster's own (sim.cluster.SUBNETS; 172.30.99.0/24 for any other name)")
     c.add_argument("--retain", action="store_true", help="keep a half-created cluster for debugging")
     for name, hlp in (("status", "per-node health"), ("delete", "remove nodes and network (--purge: their engines too)"),
                       ("ssh-config", "print the ssh config block")):

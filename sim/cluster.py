@@ -33,6 +33,19 @@ RAIL_LETTERS = ("a", "b")
 RAIL_MTU = 9000
 
 DEFAULT_SUBNET = "172.30.99.0/24"
+# The project's simulated clusters, each on a subnet of its own, so that none deletes or shadows another: `sim` is the
+# one the checked-in sim stack files point at (a hand-made cluster: `python -m sim create`); the demo runs each stack
+# on a cluster of its own (`<stack>-demo`, dspark demo), the e2e tier on `e2e`, tests/sim on `simtest`. Their stack
+# files are the checked-in ones with the addresses moved to their cluster (sim.retarget).
+SUBNETS = {
+    "sim": DEFAULT_SUBNET,
+    "simtest": "172.30.98.0/24",
+    "e2e": "172.30.97.0/24",
+    "sim-demo": "172.30.91.0/24",
+    "sim-tp2-demo": "172.30.92.0/24",
+    "sim-x2-demo": "172.30.93.0/24",
+    "sim-team-demo": "172.30.94.0/24",
+}
 MAX_NODES = 9
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 
@@ -56,15 +69,21 @@ def rail_subnets(subnet: str) -> list[str]:
     return [f"10.{x}.{k}.0/24" for k in (1, 2)]
 
 
+def subnet_of(name: str) -> str:
+    """The management subnet of a cluster: its own for the project's clusters (SUBNETS), else the default."""
+    return SUBNETS.get(name, DEFAULT_SUBNET)
+
+
 def plan(name: str = DEFAULT_CLUSTER, nodes: int = 3, subnet: str | None = None) -> ClusterPlan:
-    """Names and addresses of a cluster; validates everything and reports all errors at once."""
+    """Names and addresses of a cluster (on `subnet`, else its own: subnet_of); validates everything and reports
+    all errors at once."""
     errors = []
     if not NAME_RE.match(name or ""):
         errors.append(f"cluster name {name!r} must match {NAME_RE.pattern}")
     if not 1 <= nodes <= MAX_NODES:
         errors.append(f"nodes={nodes} must be within 1..{MAX_NODES}")
     try:
-        net = ipaddress.ip_network(subnet or DEFAULT_SUBNET)
+        net = ipaddress.ip_network(subnet or subnet_of(name))
         if net.version != 4 or net.prefixlen > 24:
             errors.append(f"subnet {net} must be an IPv4 /24 or larger")
     except ValueError as e:

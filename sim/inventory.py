@@ -76,6 +76,13 @@ def nodes(name: str) -> list[NodeInfo]:
     return sorted(out, key=lambda n: n.index)
 
 
+def clusters() -> list[str]:
+    """The names of the simulated clusters with a node on this machine's docker engine."""
+    r = backend.docker("ps", "-a", "--filter", f"label={LABEL_CLUSTER}", "--format",
+                       f'{{{{.Label "{LABEL_CLUSTER}"}}}}', timeout=60)  # fmt: skip
+    return sorted({c for c in r.stdout.split() if c})
+
+
 def versions(name: str) -> dict[str, str]:
     """container -> its sim version label (``""`` for nodes built before versions were labelled)."""
     return {row["Names"].split(",")[0]: _row_labels(row).get(LABEL_VERSION, "")

@@ -4,11 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from declared.stack import parse_stack
+from declared.stackfiles import project_stacks
 from harness import cluster_of, with_known_hosts
 from planning import alerts, clusterplan, stackplan
 
-ROOT = Path(__file__).resolve().parents[1]
-STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+STACKS = project_stacks()
 
 
 def plan_of(stack: str) -> clusterplan.ClusterPlan:

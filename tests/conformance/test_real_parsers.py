@@ -7,18 +7,17 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
 from declared import flags
 from declared.stack import parse_stack
+from declared.stackfiles import project_stacks
 from planning import launch, plan, stackplan
 from conformance.realenv import run_env, site_packages
 from harness import cluster_of, with_known_hosts
 
-ROOT = Path(__file__).resolve().parents[2]
-STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+STACKS = project_stacks()
 ENV_OF = {"sglang": ["sglang-0.5.23"], "vllm": ["vllm-0.31.0", "vllm-0.33.0"], "ray": ["ray-router"],
           "router": ["ray-router"]}
 TABLE_ENV = {("sglang", "0.5.23"): "sglang-0.5.23", ("vllm", "0.31.0"): "vllm-0.31.0",

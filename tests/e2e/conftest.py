@@ -15,7 +15,21 @@ from e2e.pulumi_cli import ROOT, PulumiProject, engine_dir
 from e2e.observing import AlertSink
 from e2e.timings import TIMINGS
 
-CLUSTER = "sim"  # Pulumi.sim.yaml and Pulumi.sim-tp2.yaml point at this cluster's ssh key and known_hosts
+# The e2e tier's own simulated cluster (sim.cluster.SUBNETS: a name, networks, subnet and ssh state of its own): the
+# tests never delete, recreate or change a cluster they did not make (the demo's `<stack>-demo`, a hand-made `sim`).
+# Every module's stack file is the checked-in one moved onto it (sim.retarget), and so is every address a test
+# expects: at("http://172.30.99.11:8888") reads like the stack file and names this cluster's head.
+CLUSTER = "e2e"
+# What the tier's clusters take of this machine's memory at most (the 4-node sim-x2 with Prometheus, measured: see
+# docs/tests.md), with room to spare; below it the tier stops before touching anything.
+NEEDS_GIB = 6.0
+
+
+def at(text: str) -> str:
+    """`text` (an address, a URL) of the cluster `sim` as it is on the e2e tier's cluster."""
+    from sim.retarget import retarget
+
+    return retarget(text, CLUSTER)
 
 
 def require(what: str, ok: bool, fix: str) -> None:
@@ -25,6 +39,49 @@ def require(what: str, ok: bool, fix: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def available_gib() -> float:
+    """MemAvailable of this machine (what a new cluster can take without pushing anything out)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+def others_running() -> list[str]:
+    """The simulated clusters on this machine that are not the tests' (a demo's, a hand-made one)."""
+    from sim import inventory
+
+    return sorted(c for c in inventory.clusters() if c not in (CLUSTER, "simtest"))
+
+
+def node_containers() -> dict[str, str]:
+    """Every simulated node container on this machine that is not the tests': name -> ID."""
+    from sim.backend import LABEL_CLUSTER
+
+    out = subprocess.run(["docker", "ps", "-a", "--no-trunc", "--filter", f"label={LABEL_CLUSTER}", "--format",
+                          f'{{{{.Names}}}} {{{{.ID}}}} {{{{.Label "{LABEL_CLUSTER}"}}}}'], capture_output=True, text=True)  # fmt: skip
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    return {name: cid for name, cid, cluster in rows if cluster not in (CLUSTER, "simtest")}
+
+
+_OTHERS: dict[str, str] = {}  # what ran beside the tier when it began (a demo's nodes): it must be there at the end
+
+
+def require_room() -> None:
+    """Stop before touching anything when this machine cannot hold the tier's clusters beside what runs."""
+    if not _OTHERS:
+        _OTHERS.update(node_containers())
+    free = available_gib()
+    if free >= NEEDS_GIB:
+        return
+    others = others_running()
+    beside = (f"; running beside it: {', '.join(others)} (`python -m dspark demo --down --stack <stack>` takes a "
+              "demo down)") if others else ""
+    reason = (f"this machine has {free:.1f} GiB available, the e2e tier's clusters need {NEEDS_GIB:.0f} GiB{beside}: "
+              "nothing was touched")
+    pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +115,8 @@ def sim(request):
             info = shared[1]
         else:
             _SHARED.clear()
-            sim_cluster.delete(CLUSTER, log=lambda m: None)
+            require_room()
+            sim_cluster.delete(CLUSTER, log=lambda m: None)  # the tier's own, left by an earlier run
             sim_cluster.create(CLUSTER, nodes=nodes)
             TIMINGS.setdefault("sim create (images cached)", time.monotonic() - t0)
             info = sim_cluster.ssh_info(CLUSTER)
@@ -101,7 +159,8 @@ def project(sim, engine, tmp_path_factory, request, alert_sink):
             from sim import cluster as sim_cluster
 
             given["alertWebhook"] = alert_sink.url(sim_cluster.plan(CLUSTER, len(sim.nodes)).gateway)
-        p = PulumiProject.create(tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine, secrets=given)
+        p = PulumiProject.create(tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine, secrets=given,
+                                 cluster=CLUSTER)
         p.api_key, p.webhook = api_key, given.get("alertWebhook")
     yield p
     if getattr(request.module, "SHARE_WITH_NEXT", False):
@@ -114,6 +173,12 @@ def pytest_sessionfinish(session):
 
         sim_cluster.delete(CLUSTER, log=lambda m: None)
         _SHARED.clear()
+    if _OTHERS:  # the tier never deletes, recreates or restarts a cluster it did not make
+        now = node_containers()
+        gone = sorted(name for name, cid in _OTHERS.items() if now.get(name) != cid)
+        if gone:
+            sys.stderr.write(f"\nthe e2e tier removed or replaced node containers it did not make: {gone}\n")
+            session.exitstatus = 1
 
 
 def shard_mtimes(nodes=("spark1", "spark2", "spark3")) -> dict[str, str]:

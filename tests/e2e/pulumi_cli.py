@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,14 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark import engine as pulumi_engine
+from sim.retarget import retarget
 from e2e.timings import TIMINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSPHRASE = "e2e-only-passphrase"  # protects a throwaway test stack's secrets, nothing else
 POLICY_PACK = "policy"  # the pack (PulumiPolicy.yaml), run by the language host in policy/.venv
 EVENT_LOG = {"PULUMI_DEBUG_COMMANDS": "true"}  # what makes preview and up take --event-log (as the Automation API sets)
-# the project's code and its virtualenv (Pulumi.yaml: `.venv`), shared with the repository
-LINKED = ("__main__.py", "declared", "planning", "components", "programs", "dspark", "policy", "sim", ".venv")
 
 
 def engine_dir() -> Path | None:
@@ -70,15 +68,14 @@ class PulumiProject:
                                              {"PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}, sim_plugins=True)
 
     @classmethod
-    def create(cls, base: Path, stack: str, engine: Path, secrets: dict[str, str]) -> "PulumiProject":
-        """A project directory like a checkout (stack file copied: the CLI writes to it), the stack
+    def create(cls, base: Path, stack: str, engine: Path, secrets: dict[str, str], cluster: str) -> "PulumiProject":
+        """A project directory of its own running the checkout's program (dspark.engine.PROJECT_LINKS), its stack
+        file the checked-in one moved onto the simulated `cluster` (sim.retarget; the CLI writes to it), the stack
         initialised with the passphrase provider and `secrets` set as secret config."""
         work = base / "project"
-        work.mkdir(parents=True)
-        for name in ("Pulumi.yaml", f"Pulumi.{stack}.yaml"):
-            shutil.copy(ROOT / name, work / name)
-        for name in LINKED:
-            (work / name).symlink_to(ROOT / name)
+        pulumi_engine.link_project(work, ROOT)
+        name = f"Pulumi.{stack}.yaml"
+        (work / name).write_text(retarget((ROOT / name).read_text(), cluster))
         (base / "state").mkdir()
         p = cls(work, stack, engine)
         p.cli("stack", "init", stack, "--secrets-provider", "passphrase").check()

@@ -13,22 +13,23 @@ import time
 
 import pytest
 
-from e2e.conftest import require
-from e2e.pulumi_cli import LINKED, ROOT
+from e2e.conftest import CLUSTER, require, require_room
+from e2e.pulumi_cli import ROOT
 from e2e.timings import TIMINGS
 
+from declared.stackfiles import project_stacks
 from dspark import cmd_demo
+from dspark import engine as pulumi_engine
 
-STACK = "sim-demo"  # the demo's own stack (Pulumi.sim-demo.yaml, git-ignored)
+STACK = "sim-demo"  # the demo's own stack (.dspark-demo/project/Pulumi.sim-demo.yaml)
+ON = ("--cluster", CLUSTER)  # the demo on the tier's own cluster: a user's demo (on `sim-demo`) runs on untouched
 
 
 def _project(tmp_path):
+    """A checkout: the project's code linked, its checked-in sim stack file copied."""
     work = tmp_path / "checkout"
-    work.mkdir()
-    for name in ("Pulumi.yaml", "Pulumi.sim.yaml"):
-        (work / name).write_bytes((ROOT / name).read_bytes())
-    for name in LINKED:
-        (work / name).symlink_to(ROOT / name)
+    pulumi_engine.link_project(work, ROOT)
+    (work / "Pulumi.sim.yaml").write_bytes((ROOT / "Pulumi.sim.yaml").read_bytes())
     return work
 
 
@@ -43,29 +44,30 @@ def _clean_env(engine) -> dict[str, str]:
 
 def _demo(work, engine, *args, label):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "dspark", "demo", "--project-dir", str(work), *args],
+    proc = subprocess.run([sys.executable, "-m", "dspark", "demo", "--project-dir", str(work), *ON, *args],
                           cwd=work, env=_clean_env(engine), capture_output=True, text=True, timeout=900)  # fmt: skip
     TIMINGS[label] = time.monotonic() - t0
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def _sim_containers():
+def _cluster_containers():
     out = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
-    return [n for n in out.split() if n.startswith("sim-")]
+    return [n for n in out.split() if n.startswith(f"{CLUSTER}-")]
 
 
 class Shell:
-    """The newcomer's shell in the project folder: `source .dspark-demo/env` first (the demo's first printed line),
-    then each command as printed. A confirmation Pulumi would ask in a terminal is answered yes
+    """The newcomer's shell in the checkout: the demo's first printed line (`cd .dspark-demo/project && source
+    ../env`), then each command as printed. A confirmation Pulumi would ask in a terminal is answered yes
     (PULUMI_SKIP_CONFIRMATIONS: what the person typing does)."""
 
-    def __init__(self, work, engine):
+    def __init__(self, work, engine, first: str):
         self.work, self.env = work, {**_clean_env(engine), "PULUMI_SKIP_CONFIRMATIONS": "true"}
+        self.first = first.split("   # ", 1)[0].strip()
         self.ran: list[tuple[str, int]] = []
 
     def run(self, line: str, timeout: float = 600) -> tuple[int, str]:
         command = line.split("   # ", 1)[0].strip()  # the printed comment is not typed
-        proc = subprocess.run(["bash", "-c", f"source {cmd_demo.STATE}/env && {command}"], cwd=self.work,
+        proc = subprocess.run(["bash", "-c", f"{self.first} && {command}"], cwd=self.work,
                               env=self.env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
         self.ran.append((command, proc.returncode))
         return proc.returncode, proc.stdout + proc.stderr
@@ -81,7 +83,8 @@ def test_demo_up_answer_noop_rerun_a_newcomers_session_and_down(engine, tmp_path
             "run `bash .ci/setup`")
     from sim import cluster as sim_cluster
 
-    sim_cluster.delete(cmd_demo.CLUSTER, log=lambda m: None)  # a fresh machine has none
+    require_room()
+    sim_cluster.delete(CLUSTER, log=lambda m: None)  # the tier's own, left by an earlier module or run
     work = _project(tmp_path)
     checked_in = (work / "Pulumi.sim.yaml").read_bytes()
     try:
@@ -91,11 +94,13 @@ def test_demo_up_answer_noop_rerun_a_newcomers_session_and_down(engine, tmp_path
         assert "Policies:" in text or "deepseek-spark-guardrails" in text  # the pack ran, through the language host
         answer = text.split("one streamed answer:", 1)[1].splitlines()[1]
         assert "42" in answer, text[-2000:]
-        printed = [ln.strip() for ln in text.split("Use it, from the project folder:", 1)[1].splitlines() if ln.strip()]
-        assert printed == cmd_demo.printed_commands("sim", STACK, "")
+        printed = [ln.strip() for ln in text.split("Use it:", 1)[1].splitlines() if ln.strip()]
+        assert printed == cmd_demo.printed_commands("sim", STACK, "", f" --cluster {CLUSTER}")
         assert (work / ".dspark-demo/passphrase").stat().st_mode & 0o077 == 0
         assert re.search(r"sk-[0-9a-f]{48}", text) is None  # the key never reaches the output
-        assert (work / f"Pulumi.{STACK}.yaml").exists() and (work / "Pulumi.sim.yaml").read_bytes() == checked_in
+        assert (work / cmd_demo.PROJECT / f"Pulumi.{STACK}.yaml").exists()
+        assert (work / "Pulumi.sim.yaml").read_bytes() == checked_in
+        assert project_stacks(work) == ["sim"]  # no glob of the checkout's stacks takes the demo's
 
         code, text = _demo(work, engine, label="demo: re-run (no-op up, answer)")
         assert code == 0, text[-4000:]
@@ -103,7 +108,7 @@ def test_demo_up_answer_noop_rerun_a_newcomers_session_and_down(engine, tmp_path
         assert "42" in text.split("one streamed answer:", 1)[1]
 
         # a newcomer's session: every printed command, as printed (the last one, --down, in `finally`)
-        sh = Shell(work, engine)
+        sh = Shell(work, engine, printed[0])
         t0 = time.monotonic()
         for line in printed[1:-1]:
             if line.startswith("pulumi up"):  # something to apply first: the change the preview line suggests
@@ -116,7 +121,7 @@ def test_demo_up_answer_noop_rerun_a_newcomers_session_and_down(engine, tmp_path
         # ... and what dspark advises when a rank is down (the guard paused so that it stays down)
         code, out = sh.run(f".venv/bin/python -m dspark guard pause --stack {STACK} --reason newcomer")
         assert code == 0, out
-        node = "sim-spark2"
+        node = f"{CLUSTER}-spark2"
         subprocess.run(["docker", "exec", node, "docker", "stop", f"{STACK}-rank1"], check=True, capture_output=True)
         code, out = sh.run(f".venv/bin/python -m dspark status --stack {STACK}")
         assert code == 2, out
@@ -141,12 +146,12 @@ def test_demo_up_answer_noop_rerun_a_newcomers_session_and_down(engine, tmp_path
         code, text = _demo(work, engine, "--down", label="demo: --down (destroy, delete the sim)")
     assert code == 0, text[-4000:]
     assert (work / "Pulumi.sim.yaml").read_bytes() == checked_in
-    assert not (work / f"Pulumi.{STACK}.yaml").exists()  # the demo's own, removed with its stack
-    assert _sim_containers() == []
+    assert not (work / cmd_demo.PROJECT / f"Pulumi.{STACK}.yaml").exists()  # the demo's own, removed with its stack
+    assert _cluster_containers() == []
     nets = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True)
-    assert "dspark-sim" not in nets.stdout.split()
-    assert f"python -m sim delete --name {cmd_demo.CLUSTER} --purge" in text  # what removes the cached engines
-    ls = subprocess.run([str(engine / "pulumi"), "stack", "ls", "--json", "--non-interactive"], cwd=work,
+    assert f"dspark-{CLUSTER}" not in nets.stdout.split()
+    assert f"python -m sim delete --name {CLUSTER} --purge" in text  # what removes the cached engines
+    ls = subprocess.run([str(engine / "pulumi"), "stack", "ls", "--json", "--non-interactive"], cwd=work / cmd_demo.PROJECT,
                         env={**os.environ, **cmd_demo.environment(work, "sim", engine)}, capture_output=True, text=True)  # fmt: skip
     assert ls.returncode == 0 and ls.stdout.strip() == "[]", ls.stdout + ls.stderr
 

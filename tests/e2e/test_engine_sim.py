@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from e2e.conftest import (
-    CLUSTER, ask, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client,
+    CLUSTER, ask, at, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client,
     resources_summary, shard_mtimes,
 )  # fmt: skip
 from declared.stack import parse_stack
@@ -143,7 +143,7 @@ def test_prometheus_scrapes_every_target_and_every_panel_reads_data(first, proje
     up = observing.wait_every_target_up(prom, outputs)
     TIMINGS["sim: every Prometheus target up, after the no-op up"] = time.monotonic() - t0
     assert sorted((s["metric"]["role"], s["metric"]["instance"]) for s in up) == sorted(
-        [("engine", "172.30.99.11:8888")] + [(role, f"172.30.99.1{i}:{port}") for i in (1, 2, 3)
+        [("engine", at("172.30.99.11:8888"))] + [(role, at(f"172.30.99.1{i}:{port}")) for i in (1, 2, 3)
                                              for role, port in (("guard", 9850), ("node", 9100))])  # fmt: skip
     observing.record_scrape_costs(prom, STACK)
     observing.wait_panels(prom, dashboard.dashboard(outputs["prometheus"]["scrape_configs"], STACK))
@@ -283,7 +283,8 @@ FABRIC_FAULTS = {
         "preflight spark3: FAIL fabric-mtu: enp1s0f1np1 (rocep1s0f1) has MTU 1500, fabric.mtu is 9000"),
     "the fabric IP on the management interface": (
         None,  # a config change: every fabricIp is its node's host (the 10 GbE management addresses)
-        "preflight spark2: FAIL fabric-ip: fabricIp 172.30.99.12 is on enP7s7, which is not a ConnectX-7 interface"),
+        at("preflight spark2: FAIL fabric-ip: fabricIp 172.30.99.12 is on enP7s7, which is not a ConnectX-7 "
+           "interface")),
 }  # fmt: skip
 
 
@@ -297,11 +298,11 @@ def test_each_fabric_fault_fails_up_in_preflight_naming_node_link_figure_and_fix
         before = containers_of(STACK)
         if breaks is None:
             # one node alone on the management subnet: refused at preview (it shares no link with its peers)
-            project.set_config("cluster.nodes[1].fabricIp", "172.30.99.12")
+            project.set_config("cluster.nodes[1].fabricIp", at("172.30.99.12"))
             refused = project.preview()
             assert refused.code != 0 and "spark1 and spark2 have no data-plane addresses in one /24 subnet" in refused.text
             for i in (0, 2):
-                project.set_config(f"cluster.nodes[{i}].fabricIp", f"172.30.99.1{i + 1}")
+                project.set_config(f"cluster.nodes[{i}].fabricIp", at(f"172.30.99.1{i + 1}"))
         else:
             breaks()
         run, events = timed_up(project, f"sim: up with {fault} (fails in preflight)", expect_ok=False)
@@ -313,7 +314,7 @@ def test_each_fabric_fault_fails_up_in_preflight_naming_node_link_figure_and_fix
         if breaks is None:
             assert "control and data plane on one address" in run.text  # the preview's warning
             for i in range(3):
-                project.set_config(f"cluster.nodes[{i}].fabricIp", f"10.99.1.1{i + 1}")
+                project.set_config(f"cluster.nodes[{i}].fabricIp", at(f"10.99.1.1{i + 1}"))
         sim_faults.reset_fabric(CLUSTER)
     assert "42" in ask(first.env)  # the old group served throughout
 
@@ -481,7 +482,7 @@ def test_a_node_stopped_mid_up_fails_naming_it_then_up_converges(first, project,
     finally:
         sim_cluster.start_node(CLUSTER, "spark2", log=lambda m: None)
     assert proc.returncode != 0
-    assert "172.30.99.12" in text, text[-3000:]  # spark2's address, in the failing step's message
+    assert at("172.30.99.12") in text, text[-3000:]  # spark2's address, in the failing step's message
     run, _ = timed_up(project, "sim: up after the node came back")
     assert "42" in ask(client_env(project, tmp_path))
     assert shard_mtimes() == before_shards, "nothing lost, nothing re-packed"

@@ -19,7 +19,7 @@ import pytest
 
 from e2e import healing
 from e2e.conftest import (
-    CLUSTER, container_events, containers_of, dspark, first_event, monitoring_of, node_sh, read_diagnose,
+    CLUSTER, at, container_events, containers_of, dspark, first_event, monitoring_of, node_sh, read_diagnose,
     secret_forms, shard_mtimes,
 )  # fmt: skip
 from sim import cluster as sim_cluster
@@ -151,7 +151,7 @@ def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_
         t0 = time.monotonic()
         run = project.up()
         TIMINGS["up with a rank left Created, to its failure"] = time.monotonic() - t0
-        assert run.code != 0 and "rank 1 (sim-rank1 on root@172.30.99.12) was created but never started" in run.text
+        assert run.code != 0 and at("rank 1 (sim-rank1 on root@172.30.99.12) was created but never started") in run.text
         assert f"python -m dspark restart --stack {STACK} --yes" in run.text
         assert node_sh("spark2", "docker inspect -f '{{.State.Status}}' sim-rank1").strip() == "created"
         code, out = dspark(project, "restart", "--yes")  # before the cause is fixed: it fails, and says where first
@@ -215,7 +215,7 @@ def test_diagnose_with_a_node_stopped_completes_and_names_it(up, project, tmp_pa
     assert [a["answered"] for a in json.loads(m["diagnose.json"])["nodes"]] == [True, True, False]
     assert m["logs/rank0-spark1.log"].strip()
     assert dspark(project, "guard", "resume")[0] == 0  # the guard brings the group back (spark3 rebooted)
-    healing.wait_guard("http://172.30.99.11:9850", lambda s: s["state"] == "serving", timeout=180, what="serve")
+    healing.wait_guard(at("http://172.30.99.11:9850"), lambda s: s["state"] == "serving", timeout=180, what="serve")
 
 
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):

@@ -27,7 +27,7 @@ import pytest
 from dspark import dashboard
 from e2e import observing
 from e2e.conftest import (
-    containers_of, dspark, monitoring_of, node_sh, openai_client, read_diagnose, resources_summary, secret_forms,
+    CLUSTER, at, containers_of, dspark, monitoring_of, node_sh, openai_client, read_diagnose, resources_summary, secret_forms,
 )  # fmt: skip
 from e2e.timings import TIMINGS
 
@@ -117,7 +117,7 @@ def first(project, tmp_path_factory):
 def test_two_members_answer_through_the_gateway_with_their_own_keys(first, project):
     preview, outputs, alice, bob, _ = first
     assert "to create" in resources_summary(preview.text)
-    assert outputs["endpoint"] == "http://172.30.99.11:4000/v1" == alice["OPENAI_BASE_URL"] == bob["OPENAI_BASE_URL"]
+    assert outputs["endpoint"] == at("http://172.30.99.11:4000/v1") == alice["OPENAI_BASE_URL"] == bob["OPENAI_BASE_URL"]
     assert alice["OPENAI_API_KEY"] != bob["OPENAI_API_KEY"] != project.api_key
     for env in (alice, bob):
         client, model = openai_client(env)
@@ -309,11 +309,11 @@ def test_after_a_power_cut_the_gateway_and_the_group_come_back_with_keys_revocat
     before = metrics(url, metrics_key)
 
     def power_cut():
-        faults.power_cut("sim", log=lambda m: None)
+        faults.power_cut(CLUSTER, log=lambda m: None)
         time.sleep(2)
-        faults.power_on("sim", log=lambda m: None)
+        faults.power_on(CLUSTER, log=lambda m: None)
 
-    healing.timed_heal("sim-team: power cut (gateway, database, vLLM + Ray)", "http://172.30.99.11:9850", power_cut,
+    healing.timed_heal("sim-team: power cut (gateway, database, vLLM + Ray)", at("http://172.30.99.11:9850"), power_cut,
                        lambda: answer_of(url, alice["OPENAI_API_KEY"])[1], ("rank-exited", "node-lost"))  # fmt: skip
     assert json.loads(admin("keys")) == keys
     assert status_of(url, bob["OPENAI_API_KEY"]) == 401 and status_of(url, alice["OPENAI_API_KEY"]) == 200

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from e2e.conftest import (
-    ask, client_env, container_events, containers_of, first_event, monitoring_of, node_sh, openai_client,
+    ask, at, client_env, container_events, containers_of, first_event, monitoring_of, node_sh, openai_client,
 )  # fmt: skip
 from e2e import healing, observing
 from e2e.conftest import dspark, resources_summary
@@ -33,8 +33,8 @@ STACK = "sim-x2"
 SIM_NODES = 4
 NODES = ("spark1", "spark2", "spark3", "spark4")
 GROUPS = {"a": ("sim-x2-a-rank0", "sim-x2-a-rank1"), "b": ("sim-x2-b-rank0", "sim-x2-b-rank1")}
-ROUTER_METRICS = "http://172.30.99.11:29000/metrics"
-HEADS = {"a": "http://172.30.99.11:8888", "b": "http://172.30.99.13:8888"}
+ROUTER_METRICS = at("http://172.30.99.11:29000/metrics")
+HEADS = {"a": at("http://172.30.99.11:8888"), "b": at("http://172.30.99.13:8888")}
 
 
 def all_containers() -> dict[str, str]:
@@ -138,7 +138,7 @@ def test_preview_shows_the_router_and_both_groups(first, project):
 def test_up_answers_through_the_router_and_both_groups_serve(first, project):
     assert "42" in first.answer
     outputs = project.outputs()
-    assert first.env["OPENAI_BASE_URL"] == outputs["endpoint"] == "http://172.30.99.11:8889/v1"
+    assert first.env["OPENAI_BASE_URL"] == outputs["endpoint"] == at("http://172.30.99.11:8889/v1")
     assert [(g["name"], g["endpoint"]) for g in outputs["groups"]] == [
         ("a", HEADS["a"] + "/v1"), ("b", HEADS["b"] + "/v1")
     ]  # fmt: skip
@@ -195,8 +195,8 @@ def test_every_prometheus_target_serves_the_series_the_dashboard_reads(first, pr
                              if line and not line.startswith("#")}  # fmt: skip
                 assert set(series) <= names, (target, set(series) - names)
                 seen.append(target)
-    nodes = [f"172.30.99.1{i}" for i in range(1, 5)]
-    assert sorted(seen) == sorted(["172.30.99.11:29000", "172.30.99.11:8888", "172.30.99.13:8888",
+    nodes = [at(f"172.30.99.1{i}") for i in range(1, 5)]
+    assert sorted(seen) == sorted([at("172.30.99.11:29000"), at("172.30.99.11:8888"), at("172.30.99.13:8888"),
                                    *(f"{n}:9850" for n in nodes), *(f"{n}:9100" for n in nodes)])  # fmt: skip
     out = tmp_path / "dashboard.json"
     proc = subprocess.run([sys.executable, "-m", "dspark.clients", "--stack", STACK, "--format", "grafana",
@@ -280,7 +280,7 @@ def test_one_group_heals_out_of_rotation_while_the_other_answers_every_request(f
     """A rank of group b SIGKILLed: b's guard takes b out of the router's rotation, restarts it and puts it back;
     meanwhile every request a client sends through the router is answered (the router retries a request b
     dropped on group a; a stream already running on b when it died could not be, so the load here does not stream)."""
-    leader_b = "http://172.30.99.13:9850"
+    leader_b = at("http://172.30.99.13:9850")
     before = all_containers()
     with Load(first.env, stream=False) as load:
         time.sleep(2)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from e2e.conftest import (
-    CLUSTER, ask, client_env, container_events, containers_of, dspark, first_event, guards_of, node_sh,
+    CLUSTER, ask, at, client_env, container_events, containers_of, dspark, first_event, guards_of, node_sh,
     resources_summary,
 )  # fmt: skip
 from e2e import healing
@@ -33,7 +33,7 @@ USES_PREVIOUS_STACK = True  # test_engine_sim's cluster and stack
 SHARE_WITH_NEXT = True  # test_engine_sim_dspark goes on with them
 NODES = ("spark1", "spark2", "spark3")
 RANKS = ("sim-rank0", "sim-rank1", "sim-rank2")
-LEADER = "http://172.30.99.11:9850"
+LEADER = at("http://172.30.99.11:9850")
 
 
 def guard_status() -> dict:

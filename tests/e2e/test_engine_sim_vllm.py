@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from e2e.conftest import (
-    ask, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client, read_diagnose,
+    ask, at, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client, read_diagnose,
     resources_summary, secret_forms,
 )  # fmt: skip
 from e2e import healing
@@ -25,7 +25,7 @@ STACK = "sim-tp2"
 SIM_NODES = 2  # tp2's layout: a 2-node simulated cluster
 NODES = ("spark1", "spark2")
 HEAD, WORKER = "sim-tp2-rank0", "sim-tp2-rank1"
-LEADER = "http://172.30.99.11:9850"  # the guard on the head's node
+LEADER = at("http://172.30.99.11:9850")  # the guard on the head's node
 
 
 @pytest.fixture(scope="module")

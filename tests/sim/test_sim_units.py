@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+import itertools
 import json
 import urllib.error
 import urllib.request
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sim import cluster, fabric, images, inventory, rootfs, sshconfig
+from sim.inventory import SimError
 from sim.testdouble import engram, flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -747,3 +749,40 @@ def test_rank_init_prints_the_torch_error(tmp_path):
 def test_getifaddrs_sees_loopback():
     ifs = nccl_socket.getifaddrs()
     assert any(i.name == "lo" and i.addr == "127.0.0.1" and i.flags & nccl_socket.IFF_UP for i in ifs)
+
+
+# ---------------------------------------------------------------- clusters of their own (sim.retarget) ----
+def test_the_projects_clusters_have_subnets_that_do_not_overlap_and_plan_takes_them():
+    import ipaddress
+
+    nets = {name: ipaddress.ip_network(sub) for name, sub in cluster.SUBNETS.items()}
+    for a, b in itertools.combinations(nets, 2):
+        assert not nets[a].overlaps(nets[b]), (a, b)
+    assert cluster.plan("e2e").subnet == "172.30.97.0/24" and cluster.plan("e2e").rail_subnets[0] == "10.97.1.0/24"
+    assert cluster.plan("sim").subnet == cluster.plan("anything-else").subnet == "172.30.99.0/24"
+
+
+@pytest.mark.parametrize("stack", ["sim", "sim-tp2", "sim-x2", "sim-team"])
+def test_a_sim_stack_file_moved_onto_another_cluster_keeps_no_address_of_sim(stack):
+    import yaml
+
+    from sim.retarget import retarget
+
+    text = (ROOT / f"Pulumi.{stack}.yaml").read_text()
+    moved = retarget(text, "sim-team-demo")
+    assert "172.30.99." not in moved and "10.99." not in moved and "deepseek-spark-sim/sim/" not in moved
+    assert moved.count("#") == text.count("#")  # the comments stay
+    doc = yaml.safe_load(moved)["config"]["deepseek-spark:cluster"]
+    nodes = [n for g in doc.get("groups") or [doc] for n in g["nodes"]]
+    assert nodes and all(n["host"].startswith("172.30.94.1") and n["fabricIp"].startswith("10.94.1.1") for n in nodes)
+    assert doc["ssh"]["identityFile"] == "~/.local/state/deepseek-spark-sim/sim-team-demo/id_ed25519"
+    assert retarget(text, "sim") == text
+
+
+def test_retarget_refuses_an_address_of_sim_that_it_cannot_place():
+    from sim.retarget import retarget
+
+    assert retarget("http://172.30.99.13:9850 10.99.2.14 1.2.3.4 v10.99.1", "e2e") == \
+        "http://172.30.97.13:9850 10.97.2.14 1.2.3.4 v10.99.1"
+    with pytest.raises(SimError, match="172.30.99.200"):
+        retarget("host: 172.30.99.200", "e2e")

@@ -8,11 +8,11 @@ import dataclasses
 import itertools
 import math
 import shlex
-from pathlib import Path
 
 import pytest
 
 from declared.stack import parse_stack
+from declared.stackfiles import project_stacks
 from harness import cluster_of
 from planning import budget, budget_rules, rulebook, rules, stackplan
 from planning.budget import NodeBudget, Placed
@@ -230,8 +230,7 @@ def test_budget_output_is_what_dspark_plan_prints():
 
 # ------------------------------------------------------------------ the property: over the memory knobs of every stack
 
-ROOT = Path(__file__).resolve().parents[2]
-ALL_STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+ALL_STACKS = project_stacks()
 MEMORY = {"hostReserveGiB": [0.5, 1.5, 60], "runtimeFloorGiB": [0, 30], "unifiedGiB": [100, 121.7]}
 SERVING = {
     # maxTotalTokens spans the need (weights + KV ...), memFractionStatic the limit's want (the static pool)

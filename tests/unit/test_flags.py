@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from declared import flags
+from declared.stackfiles import project_stacks
 from planning import launch
 from declared.cluster import parse_cluster
 from harness import cluster_of
@@ -156,7 +157,8 @@ def test_every_flag_the_program_sets_is_managed():
 
 
 def _stack_clusters():
-    for path in sorted(ROOT.glob("Pulumi.*.yaml")):
+    for stack in project_stacks(ROOT):
+        path = ROOT / f"Pulumi.{stack}.yaml"
         config = yaml.safe_load(path.read_text()).get("config") or {}
         cluster = config.get("deepseek-spark:cluster")
         if cluster:
