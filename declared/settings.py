@@ -145,6 +145,30 @@ def agent_socket_problem(environ: dict[str, str]) -> str | None:
             "(`eval \"$(ssh-agent)\" && ssh-add`), or run Pulumi without it: `env -u SSH_AUTH_SOCK pulumi up`")
 
 
+SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, the last a NUL
+MASTER_SUFFIX = 17  # ssh binds its master at "<ControlPath>.<16 random characters>" first, then renames it
+
+
+def control_path_problem(sc: StackConfig, home: str) -> str | None:
+    """The longest socket ssh.connectionReuse makes where Pulumi runs (`home`: its $HOME) must fit a Unix socket's
+    path, else ssh refuses every connection ("too long for Unix domain socket") and so does every docker call."""
+    for entry in sc.groups:
+        ssh = entry.cfg.ssh
+        if not ssh.connection_reuse:
+            continue
+        hosts = [n.host for n in entry.cfg.nodes]
+        tokens = {"%C": 40, "%h": max(map(len, hosts)), "%n": max(map(len, hosts)), "%p": 5, "%%": 1,
+                  "%r": max(len(n.ssh_user) for n in entry.cfg.nodes), "%u": 32, "%l": 64, "%L": 64}  # fmt: skip
+        path = ssh.control_path.replace("~", home, 1) if ssh.control_path.startswith("~") else ssh.control_path
+        length = len(re.sub(r"%.", "", path)) + sum(n * path.count(t) for t, n in tokens.items())
+        if length + MASTER_SUFFIX > SOCKET_PATH_MAX:
+            return (f"cluster.ssh.controlPath = {ssh.control_path!r} makes sockets of up to {length} characters here "
+                    f"(with HOME={home}), and ssh needs at most {SOCKET_PATH_MAX - MASTER_SUFFIX} for it: every ssh, "
+                    "so every docker call, would fail with 'too long for Unix domain socket'; fix: a shorter "
+                    "ssh.controlPath, e.g. ~/.ssh/dspark-%h-%p-%r")  # fmt: skip
+    return None
+
+
 def control_path_warning(sc: StackConfig) -> str | None:
     """ssh.connectionReuse needs its ControlPath's directory where Pulumi runs: without it ssh warns and opens
     a connection per docker call, which sshd's MaxStartups may drop. Only a warning: everything still works."""
@@ -177,6 +201,9 @@ def load() -> Settings:
     if problems:
         raise ConfigError("remote commands cannot verify these nodes:\n  " + "\n  ".join(problems))
     local_router_problem(stack_config)
+    problem = control_path_problem(stack_config, os.path.expanduser("~"))
+    if problem:
+        raise ConfigError(problem)
 
     set_key = SECRET[API_KEY].command(stack)
     key = pulumi.runtime.get_config(f"{PROJECT}:{API_KEY}")

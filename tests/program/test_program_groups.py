@@ -4,6 +4,7 @@ stacks, which must plan exactly as before (no router, same resource names)."""
 
 import copy
 import json
+from pathlib import Path
 
 import pulumi
 import pytest
@@ -371,10 +372,26 @@ def test_remote_commands_ride_out_dial_failures_and_the_docker_ssh_shares_one_co
     assert "ControlMaster=auto" not in str(rec.named("tp4-spark2-docker").inputs["sshOpts"])
 
 
-def test_connection_reuse_without_its_control_path_directory_is_a_warning_naming_the_fix(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh here
-    rec = run_program("tp4", preview=True)
-    warning = next(w for w in rec.warnings() if "controlPath" in w)
-    assert "its directory ~/.ssh does not exist here" in warning and "mkdir -m 700 -p ~/.ssh" in warning
-    (tmp_path / ".ssh").mkdir()
-    assert not [w for w in run_program("tp4", preview=True).warnings() if "controlPath" in w]
+def test_connection_reuse_without_its_control_path_directory_is_a_warning_naming_the_fix(monkeypatch):
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="h") as home:  # short enough for the socket (tmp_path is not)
+        monkeypatch.setenv("HOME", home)  # no ~/.ssh here
+        rec = run_program("tp4", preview=True)
+        warning = next(w for w in rec.warnings() if "controlPath" in w)
+        assert "its directory ~/.ssh does not exist here" in warning and "mkdir -m 700 -p ~/.ssh" in warning
+        (Path(home) / ".ssh").mkdir()
+        assert not [w for w in run_program("tp4", preview=True).warnings() if "controlPath" in w]
+
+
+def test_a_control_path_too_long_for_a_unix_socket_is_refused_at_preview_naming_the_fix(monkeypatch):
+    """ssh binds its master at <ControlPath>.<16 characters> first: past 107 characters every ssh, and so every
+    docker call, fails; the preview says so before anything touches a node (and a short one passes)."""
+    raw = cluster_of("tp4")
+    raw["ssh"] = {"controlPath": "~/.local/state/deepseek-spark-sim/sim-team-demo/cm-%C"}
+    monkeypatch.setenv("HOME", "/root")
+    with pytest.raises(Exception, match=r"controlPath .* makes sockets of up to 95 characters here \(with "
+                                        r"HOME=/root\).*at most 90.*~/.ssh/dspark-%h-%p-%r"):
+        run_program("tp4", cluster=raw, preview=True)
+    raw["ssh"] = {"controlPath": "~/.local/state/deepseek-spark-sim/cm-%h-%p-%r"}
+    run_program("tp4", cluster=raw, preview=True)
