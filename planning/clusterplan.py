@@ -32,6 +32,9 @@ class ImagePlan:
     timeout_minutes: int
     build: Optional[ImageBuildConfig]
     agree: str = ""  # where Pulumi runs: every node's image IDs agree (commands.image_agree)
+    build_digest: str = ""  # with `build`: the digest of its inputs (plan.image_build_digest), the image's label
+    build_script: str = ""  # ... the node's script (imagebuild.context_build): builds unless built from these inputs
+    build_stdin: str = ""  # ... the context it reads on stdin (imagebuild.context_stdin)
 
 
 @dataclass(frozen=True)

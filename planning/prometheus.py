@@ -23,6 +23,7 @@ from typing import Any, Optional
 import yaml
 
 from declared.stack import MONITORING_IMAGE, MonitoringConfig, StackConfig
+from . import imagebuild
 from .commands import secret_file_create, secret_file_delete
 from .gateway import files_digest, files_write
 from .nodeplan import NodePlan
@@ -44,10 +45,8 @@ def dockerfile_digest(text: str) -> str:
 def image_build(image: str, digest: str) -> str:
     """On a node: build the monitoring image from its Dockerfile (on stdin: it copies no file, so it needs no
     context) unless the node holds one built from the same Dockerfile (its label says which)."""
-    fmt = f'{{{{index .Config.Labels "{BUILT_FROM}"}}}}'
-    return (f'if [ "$(docker image inspect -f {q(fmt)} {q(image)} 2>/dev/null)" = {q(digest)} ]; then\n'
-            f'  echo {q(image + " is built from this Dockerfile")}\n'
-            f'else\n  docker build --label {q(f"{BUILT_FROM}={digest}")} -t {q(image)} -\nfi\n')
+    return imagebuild.unless_built(image, BUILT_FROM, digest,
+                                   f"docker build --label {q(f'{BUILT_FROM}={digest}')} -t {q(image)} -")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ when planning/rules.py imports this module.
 
 from __future__ import annotations
 
-from . import memoryplan, plan
+from . import imagebuild, memoryplan, plan
 from .rulebook import Finding, rule
 from declared import flags
 from declared.cluster import SGLANG_ONLY, SGLANG_REQUIRED, VLLM_ONLY, ClusterConfig
@@ -238,6 +238,12 @@ def _build_context(cfg: ClusterConfig, stack: str = "") -> list[Finding]:
         return [Finding("image-build-context-exists", "imageBuild.context", b.context,
                         f"{len(unreadable)} file(s) the build would send cannot be read here: {unreadable[:5]}",
                         "make them readable, or list them in the context's .dockerignore")]  # fmt: skip
+    size = sum((context / rel).stat().st_size for rel in plan.context_files(context))
+    if size > imagebuild.MAX_CONTEXT_BYTES:
+        return [Finding("image-build-context-exists", "imageBuild.context", b.context,
+                        f"the build would send {size / 2**20:.1f} MiB to every node on its command's stdin (at most "
+                        f"{imagebuild.MAX_CONTEXT_BYTES // 2**20} MiB: an overlay's Dockerfile and adapter)",
+                        "list what the Dockerfile does not COPY in the context's .dockerignore")]  # fmt: skip
     return []
 
 

@@ -13,13 +13,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from . import alerts, budget, clusterplan, commands, fabric, memoryplan, monitoring, nodeplan, plan, prometheus, routing
+from . import alerts, budget, clusterplan, commands, fabric, imagebuild, memoryplan, monitoring, nodeplan, plan, prometheus, routing
 from . import gateway as gateway_plan
 from . import guard as guard_plan
 from .budget import NodeBudget
 from .gateway import GatewayPlan
 from declared.cluster import ClusterConfig
 from declared.stack import LOCAL, StackConfig
+
+BUILT_FROM = "deepseek-spark.build"  # a serving image built on a node: the digest of its build's inputs
 
 # Runs inside the serving image (its python3 and engine packages), fed on stdin.
 ARGCHECK_PROGRAM = (Path(__file__).parent.parent / "programs" / "argcheck.py").read_text()
@@ -49,6 +51,18 @@ def _shard(cfg: ClusterConfig, stack: str, rank: int) -> Optional[nodeplan.Shard
         triggers=(cfg.model.revision, f"tp={cfg.serving.tp_size}", f"rank={rank}", cfg.engram.dir),
         retain=cfg.engram.retain,
     )
+
+
+def image_plan(cfg: ClusterConfig, name: str) -> clusterplan.ImagePlan:
+    """The serving image on every node: pulled, or built on each node from `imageBuild`'s context (sent on stdin)."""
+    b = cfg.image_build
+    image = clusterplan.ImagePlan(cfg.image, cfg.image_timeout_minutes, b, commands.image_agree(cfg, name))
+    if b is None:
+        return image
+    digest, context = plan.image_build_digest(cfg), plan.PROJECT_ROOT / b.context
+    return replace(image, build_digest=digest,
+                   build_script=imagebuild.context_build(cfg.image, BUILT_FROM, digest, b.dockerfile, b.args, b.platform),
+                   build_stdin=imagebuild.context_stdin(context, plan.context_files(context)))
 
 
 def restart_hint(name: str, group: Optional[str]) -> str:
@@ -103,7 +117,7 @@ def build(
         model=cfg.model.served_name,
         revision=revision,
         nodes=nodes,
-        image=clusterplan.ImagePlan(cfg.image, cfg.image_timeout_minutes, cfg.image_build, commands.image_agree(cfg, group or stack)),
+        image=image_plan(cfg, group or stack),
         export=export,
         group=clusterplan.GroupPlan(
             engine=cfg.engine,

@@ -5,6 +5,7 @@ import shlex
 
 import pytest
 
+from declared.cluster import ClusterConfig
 from planning import launch, memoryplan, plan
 from harness import TEST_API_KEY, TEST_SSH_KEY, Secret, cluster_of, group_of, plain_strings, reveal, run_program
 
@@ -426,25 +427,46 @@ def test_worker_mounts_the_head_address_on_its_own_link():
 
 
 def test_image_built_on_every_node_when_image_build_is_set(tmp_path):
+    """Each node builds the image on its own engine from the context the command sends on stdin (the recipe's
+    files, nothing else), labelled with the build's digest, before its RemoteImage reads the ID; a changed
+    overlay rebuilds (the digest is in the script and the image's triggers) and restarts the group."""
+    import base64
+    import io
+    import tarfile
+
     ctx = tmp_path / "recipe"
-    ctx.mkdir()
+    (ctx / "adapter").mkdir(parents=True)
     (ctx / "Dockerfile").write_text("FROM lmsysorg/sglang:dev-dsv41\nCOPY adapter /opt/dsv41\n")
+    (ctx / "adapter" / "model.py").write_text("v1\n")
     raw = cluster_of("tp4")
     raw["image"] = "dsv41-4x-spark:local"
     raw["imageBuild"] = {"context": str(ctx), "args": {"B": "2", "A": "1"}}
     rec = run_program("tp4", cluster=raw)
-    builds = rec.of_type("docker:index/image:Image")
-    assert not [i for i in rec.of_type(IMAGE) if "ServingImage" in i.parent] and len(builds) == 4
+    assert not rec.of_type("docker:index/image:Image")  # no buildkit resource: the node's own `docker build`
+    images = [i for i in rec.of_type(IMAGE) if "ServingImage" in i.parent]
+    builds = [c for c in rec.of_type("command:remote:Command") if c.name.endswith("-build") and "ServingImage" in c.parent]
+    assert len(images) == len(builds) == 4
+    digest = plan.image_build_digest(ClusterConfig.model_validate(raw))
     for b in builds:
-        assert b.inputs["imageName"] == "dsv41-4x-spark:local" and b.inputs["skipPush"] is True
-        assert b.inputs["buildOnPreview"] is False  # preview never builds on a node
-        assert b.inputs["build"] == {"context": str(ctx), "dockerfile": f"{ctx}/Dockerfile",
-                                     "args": {"A": "1", "B": "2"}, "platform": "linux/arm64"}  # fmt: skip
-        node = b.name.rsplit("-", 1)[1]
-        assert b.provider_urn == rec.named(f"tp4-{node}-docker").urn
+        node = b.name.split("-image-", 1)[1].removesuffix("-build")
+        script = b.plain["create"]
+        assert b.plain["update"] == script and "base64 -d | docker build" in script
+        assert (f"docker build --label deepseek-spark.build={digest} -t dsv41-4x-spark:local -f Dockerfile "
+                "--build-arg A=1 --build-arg B=2 --platform linux/arm64 -") in script
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(b.plain["stdin"]))) as tar:
+            assert sorted(tar.getnames()) == ["Dockerfile", "adapter/model.py"]
+            assert tar.extractfile("adapter/model.py").read() == b"v1\n"
+        assert rec.named(f"tp4-{node}-preflight").urn in b.dependencies  # docker answers once preflight passed
+        image = rec.named(f"tp4-image-{node}")
+        assert image.plain["name"] == "dsv41-4x-spark:local" and image.plain["keepLocally"] is True
+        assert image.plain["triggers"] == {"build": digest} and b.urn in image.dependencies
+        assert image.provider_urn == rec.named(f"tp4-{node}-docker").urn
+    assert builds[0].plain["stdin"] == run_program("tp4", cluster=raw).named(builds[0].name).plain["stdin"]  # same bytes
     revision = rec.outputs["group_revision"]
     (ctx / "Dockerfile").write_text("FROM lmsysorg/sglang:dev-dsv41\nCOPY adapter /opt/dsv41\nRUN true\n")
-    assert run_program("tp4", cluster=raw).outputs["group_revision"] != revision, "a changed overlay restarts the group"
+    again = run_program("tp4", cluster=raw)
+    assert again.outputs["group_revision"] != revision, "a changed overlay restarts the group"
+    assert again.named(builds[0].name).plain["create"] != builds[0].plain["create"], "a changed overlay rebuilds"
 
 
 def test_image_build_revision_follows_what_the_build_sends(tmp_path):

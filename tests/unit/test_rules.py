@@ -227,6 +227,16 @@ def test_image_build_needs_the_dockerfile_in_the_context():
     assert _findings(ok, "image-build-context-exists") == []
 
 
+def test_an_image_build_context_too_big_for_the_build_commands_stdin_is_refused(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM lmsysorg/sglang:dev-dsv41\nCOPY adapter /opt/dsv41\n")
+    (tmp_path / "weights.bin").write_bytes(b"\0" * (33 * 2**20))
+    raw = _set(["imageBuild"], {"context": str(tmp_path)})(cluster_of("tp4"))
+    [found] = _findings(raw, "image-build-context-exists")
+    assert found.field == "imageBuild.context" and "33.0 MiB" in found.problem and ".dockerignore" in found.fix
+    (tmp_path / ".dockerignore").write_text("*.bin\n")
+    assert _findings(raw, "image-build-context-exists") == []
+
+
 @pytest.mark.parametrize("mutate, field, words", [
     # the fatal one: the flag the program itself used to write, refused by every SGLang from 0.5.20
     (_set(["serving", "extraArgs"], ["--cuda-graph-max-bs", "8"]), "serving.extraArgs[0]",

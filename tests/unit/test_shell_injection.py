@@ -448,7 +448,7 @@ COMMANDS = ("command:remote:Command", "command:local:Command")
 CONTAINER = "docker:index/container:Container"
 # Resource types whose inputs reach no shell: image names, volume options, ssh argv for the provider.
 NO_SHELL = ("pulumi:providers:docker", "pulumi:providers:command", "docker:index/remoteImage:RemoteImage",
-            "docker:index/image:Image", "docker:index/volume:Volume", "docker:index/network:Network")  # fmt: skip
+            "docker:index/volume:Volume", "docker:index/network:Network")  # fmt: skip
 
 
 def scripts(rec: harness.Recording) -> tuple[list[Invocation], list[str]]:
