@@ -99,7 +99,9 @@ class RankSpec:
     # the container's memory limit (memory = memory_swap: no swap): what the node's budget gives the rank
     # (planning/budget.py, memoryplan.rank_memory_mib)
     memory_mib: int | None = None
-    capabilities: list[str] = field(default_factory=lambda: ["IPC_LOCK"])
+    # docker's own spelling (CAP_ prefix): what the docker plugin reads back on a refresh, so that a refresh of a
+    # running rank is no change (with "IPC_LOCK" the next `up` replaced every rank)
+    capabilities: list[str] = field(default_factory=lambda: ["CAP_IPC_LOCK"])
     network_mode: str = "host"
     ipc_mode: str = "host"
     gpus: str = "all"

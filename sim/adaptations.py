@@ -17,12 +17,15 @@ class Adaptation:
 
 
 ADAPTATIONS: list[Adaptation] = [
-    Adaptation("the Pulumi CLI is real (v3.274.1, built from the Go module proxy), but its docker resource plugin "
-               "is the pulumi-resource-docker TEST DOUBLE: Container, Volume, RemoteImage and Image on the nodes' "
-               "real docker engines (docker SDK over the system ssh with the provider's sshOpts), with "
-               "pulumi-docker's diff and read rules",
-               "pulumi-docker's plugin is a Terraform-bridge build of a patched submodule: no Go module builds it",
-               "sim/providers/docker.py"),
+    Adaptation("the Pulumi CLI (v3.274.1) and its docker resource plugin are real, both built from the Go module "
+               "proxy: the plugin is pulumi-terraform-bridge v3.120.0 (pulumi-docker 5.2.0 is built on a later "
+               "bridge) over the one commit of kreuzwerker/terraform-provider-docker the proxy serves (not "
+               "necessarily the one 5.2.0 pinned), with Pulumi's terraform-plugin-sdk fork plus a one-method stub, "
+               "and a mapping of our own onto the 5.2.0 SDK's names (tests/conformance/test_docker_provider_schema.py "
+               "holds every token, property and required-ness to the SDK); it has no docker.Image (pulumi-docker's own "
+               "buildkit resource: its Go code is not served), so `imageBuild` runs `docker build` on each node",
+               "pulumi-docker's own Go module is not on the proxy; its parts are",
+               ".ci/docker-provider, .ci/docker-provider-setup"),
     Adaptation("the command resource plugin is the pulumi-resource-command TEST DOUBLE (remote.Command over "
                "paramiko with the real provider's auth and host-key rules, local.Command, its diff rules)",
                "the Go module proxy refuses github.com/pulumi/pulumi-command/provider (403, every pseudo-version)",
@@ -48,18 +51,6 @@ ADAPTATIONS: list[Adaptation] = [
                "truncates the timeout to whole seconds)",
                "a remote command runs in a paramiko session the double does not tear down mid-command",
                "sim/providers/command.py"),
-    Adaptation("the docker double's Read re-reads from `docker inspect` only the container fields this program sets "
-               "(name, image, command, entrypoints, restart, networkMode, ipcMode, memory, mounts, capabilities, "
-               "ulimits, devices, gpus) and a few computed ones (shmSize, logDriver, privileged); the real Read sets "
-               "about 40 (hostname, dns, healthcheck, ports, network data, ...). Detailed diffs name nested paths as "
-               "the bridge's MakeDetailedDiffV2 does, but set elements are matched by their JSON, not TF's set "
-               "hash, the diff is of inputs, not of TF's planned state, and replacement is decided by the "
-               "top-level key, not the schema at each path; a half-created container (start failed) carries the planned "
-               "inputs as its partial state, where the bridge's also holds the schema's computed defaults; a step "
-               "past its deadline (customTimeouts, else the bridged 20 minutes for containers and images) fails with "
-               "`context deadline exceeded` but the docker call is left to finish instead of being cancelled",
-               "a smaller double; `python -m sim.grpctrace diff` against a real plugin's trace shows each difference "
-               "(README)", "sim/providers/docker.py, sim/providers/docker_schema.py, sim/providers/base.py"),
     Adaptation("the Python language host the CLI starts is the pulumi-language-python TEST DOUBLE (a gRPC "
                "LanguageRuntime in Python, linked next to the CLI by .ci/engine-setup): it runs __main__.py with the "
                "REAL pulumi-language-python-exec of the sdk/v3 v3.274.1 module in the project's virtualenv, and policy "

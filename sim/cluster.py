@@ -41,6 +41,7 @@ SUBNETS = {
     "sim": DEFAULT_SUBNET,
     "simtest": "172.30.98.0/24",
     "e2e": "172.30.97.0/24",
+    "e2e-b": "172.30.96.0/24",  # a second e2e tier beside the first (another checkout's: DSPARK_E2E_CLUSTER=e2e-b)
     "sim-demo": "172.30.91.0/24",
     "sim-tp2-demo": "172.30.92.0/24",
     "sim-x2-demo": "172.30.93.0/24",

@@ -19,7 +19,8 @@ from e2e.timings import TIMINGS
 # tests never delete, recreate or change a cluster they did not make (the demo's `<stack>-demo`, a hand-made `sim`).
 # Every module's stack file is the checked-in one moved onto it (sim.retarget), and so is every address a test
 # expects: at("http://172.30.99.11:8888") reads like the stack file and names this cluster's head.
-CLUSTER = "e2e"
+CLUSTER = os.environ.get("DSPARK_E2E_CLUSTER", "e2e")  # e2e-b: a second tier beside the first (sim.cluster.SUBNETS)
+TEST_CLUSTERS = ("e2e", "e2e-b", "simtest")  # the tests' own clusters (tests/sim's is simtest)
 # What the tier's clusters take of this machine's memory at most (the 4-node sim-x2 with Prometheus, measured: see
 # docs/tests.md), with room to spare; below it the tier stops before touching anything.
 NEEDS_GIB = 6.0
@@ -53,7 +54,7 @@ def others_running() -> list[str]:
     """The simulated clusters on this machine that are not the tests' (a demo's, a hand-made one)."""
     from sim import inventory
 
-    return sorted(c for c in inventory.clusters() if c not in (CLUSTER, "simtest"))
+    return sorted(c for c in inventory.clusters() if c not in TEST_CLUSTERS)
 
 
 def node_containers() -> dict[str, str]:
@@ -63,7 +64,7 @@ def node_containers() -> dict[str, str]:
     out = subprocess.run(["docker", "ps", "-a", "--no-trunc", "--filter", f"label={LABEL_CLUSTER}", "--format",
                           f'{{{{.Names}}}} {{{{.ID}}}} {{{{.Label "{LABEL_CLUSTER}"}}}}'], capture_output=True, text=True)  # fmt: skip
     rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
-    return {name: cid for name, cid, cluster in rows if cluster not in (CLUSTER, "simtest")}
+    return {name: cid for name, cid, cluster in rows if cluster not in TEST_CLUSTERS}
 
 
 _OTHERS: dict[str, str] = {}  # what ran beside the tier when it began (a demo's nodes): it must be there at the end
