@@ -314,9 +314,9 @@ def health_generation_on() -> bool:
 
 def worker_routes(args) -> tuple[dict, list]:
     """A worker rank's HTTP port (node_rank >= 1): launch_dummy_health_check_server, no auth: GET /ping, /health,
-    /health_generate answer 200, and with --enable-metrics the /metrics mount; anything else 404."""
+    /health_generate answer 200, FastAPI's docs, and with --enable-metrics the /metrics mount; anything else 404."""
     ok = {"GET": lambda h: h.send_empty(200)}
-    routes = {"/ping": ok, "/health": ok, "/health_generate": ok}
+    routes = {"/ping": ok, "/health": ok, "/health_generate": ok, **openai_api.docs_routes()}  # FastAPI's docs too
     return routes, ([("/metrics", lambda h: h.metrics_text())] if args.enable_metrics else [])
 
 
@@ -366,7 +366,8 @@ def make_handler(args, group: Group, engine: str):
         # the resolved server args (the keys included, as the real one: only watermark secrets are redacted)
         fields = {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
                   for k, v in sorted(vars(args).items())}
-        h.send_json(200, {**fields, "launch_command": " ".join(["python3", "-m", "sglang.launch_server"] + sys.argv[1:]),
+        command = " ".join(["python3", "-m", "sglang.launch_server"] + sys.argv[1:])
+        h.send_json(200, {**fields, "launch_command": command,
                           "max_total_num_tokens": kv_pool(args), "kv_events": None,
                           "startup_time": STARTED, "internal_states": [{"last_gen_throughput": 0.0}],
                           "version": flags.version_of("sglang"), "frontend": "python"})

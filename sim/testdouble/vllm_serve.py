@@ -288,7 +288,23 @@ class EngineState:
             self.cond.notify_all()
 
 
-def make_handler(args, names: list[str], keys: list[str], kv_tokens: int, env=None):
+# 0.33.0 registers the scale-out routes even when they are off (the default, without --enable-scale-out), answering
+# 403; 0.31.0 leaves them out (404). All are under a guarded prefix.
+SCALE_OUT_ROUTES = ("/v1/chat/completions/render", "/v1/messages/render", "/v1/completions/render",
+                    "/v1/responses/render", "/v1/chat/completions/derender", "/v1/completions/derender",
+                    "/inference/v1/generate", "/inference/v1/abort_requests")
+
+
+# 0.33.0's /is_scaling_elastic_ep without external elastic EP: the process-local state, idle
+SCALING_IDLE_0_33 = {"is_scaling_elastic_ep": False, "phase": "idle", "epoch": None, "error": None,
+                     "requested_data_parallel_size": None}
+
+
+def release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("+")[0].split(".")[:3] if x.isdigit())
+
+
+def make_handler(args, names: list[str], keys: list[str], kv_tokens: int, env=None, version: str | None = None):
     """The HTTP API of ``vllm serve`` (the routes build_app registers for the generate task, 0.31.0/0.33.0):
 
     * guarded when a key is set (GUARDED_PREFIX): ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``;
@@ -302,6 +318,7 @@ def make_handler(args, names: list[str], keys: list[str], kv_tokens: int, env=No
       ``/reset_encoder_cache``, ``/server_info``.
     """
     env = os.environ if env is None else env
+    ver = release(version or flags.VERSIONS["vllm"])
     state = EngineState()
     metrics = metric_families.EngineMetrics("vllm", names[0], kv_tokens)
     max_len = args.max_model_len or MODEL_MAX_LEN
@@ -418,9 +435,14 @@ def make_handler(args, names: list[str], keys: list[str], kv_tokens: int, env=No
         "/invocations": {"POST": invocations},
         "/generative_scoring": {"POST": generative_scoring},
         "/scale_elastic_ep": {"POST": scale_elastic_ep},
-        "/is_scaling_elastic_ep": {"POST": lambda h: h.send_json(200, {"is_scaling_elastic_ep": False})},
+        "/is_scaling_elastic_ep": {"POST": lambda h: h.send_json(200, {"is_scaling_elastic_ep": False} if ver < (0, 33)
+                                                                   else SCALING_IDLE_0_33)},
         **openai_api.openai_routes(),
     }
+    if ver >= (0, 33) and not args.enable_scale_out:
+        off = openai_api.error_body("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to "
+                                    "enable them.", "PermissionDeniedError", 403)
+        routes.update({p: {"POST": lambda h: h.send_json(403, off)} for p in SCALE_OUT_ROUTES})
     if not args.disable_fastapi_docs:
         routes.update(openai_api.docs_routes())
     if dev_mode(env):
@@ -479,8 +501,10 @@ def dev_routes(args, state: EngineState, env) -> dict:
             return bad(h, f"config_format: Input should be 'text' or 'json', got {fmt!r}")
         config = {k: v if isinstance(v, (str, int, float, bool, type(None), list)) else str(v)
                   for k, v in sorted(vars(args).items()) if "key" not in k}
-        h.send_json(200, {"vllm_config": config if fmt == "json" else ", ".join(f"{k}={v!r}" for k, v in config.items()),
-                          "vllm_env": {k: v for k, v in sorted(env.items()) if k.startswith("VLLM_") and "KEY" not in k},
+        text = ", ".join(f"{k}={v!r}" for k, v in config.items())
+        h.send_json(200, {"vllm_config": config if fmt == "json" else text,
+                          "vllm_env": {k: v for k, v in sorted(env.items())
+                                       if k.startswith("VLLM_") and "KEY" not in k},
                           "system_env": {"os": sys.platform, "python_version": sys.version.split()[0],
                                          "vllm_version": __version__, "is_cuda_available": False}})
 
@@ -495,15 +519,16 @@ def dev_routes(args, state: EngineState, env) -> dict:
             "/server_info": {"GET": server_info}}
 
 
-def http_api(argv: list[str], env=None):
+def http_api(argv: list[str], env=None, version: str | None = None):
     """The handler of the HTTP API ``vllm serve <argv>`` serves once its executor is up, without starting one
-    (tests run it in-process with ``openai_api.serve_local``); ``env`` stands for the process environment."""
+    (tests run it in-process with ``openai_api.serve_local``); ``env`` stands for the process environment,
+    ``version`` for the release the double stands in for (DSPARK_SIM_VLLM_VERSION, 0.31.0 by default)."""
     args = flags.parse_args(argv, "vllm")
     args.model = args.model_tag or getattr(args, "model", None)
     args.max_model_len = flags.human_int(args.max_model_len) if args.max_model_len is not None else None
     names = args.served_model_name or [args.model]
     length = args.max_model_len or MODEL_MAX_LEN
-    return make_handler(args, names, api_tokens(args, env), length * max(1, args.max_num_seqs or 1), env)
+    return make_handler(args, names, api_tokens(args, env), length * max(1, args.max_num_seqs or 1), env, version)
 
 
 def serve(args) -> int:
