@@ -167,8 +167,25 @@ def test_vllm_elastic_ep_routes_without_elastic_ep(serve):
     assert code == 500 and j["error"] == {"message": "Scale failed", "type": "Internal Server Error", "param": None,
                                           "code": 500}  # fmt: skip
     assert scale({})[1]["error"]["message"] == "new_data_parallel_size is required"
-    assert scale({"new_data_parallel_size": 0})[1]["error"]["message"] == "new_data_parallel_size must be a positive integer"
+    assert scale({"new_data_parallel_size": 0})[1]["error"]["message"] == (
+        "new_data_parallel_size must be a positive integer")
     assert scale({"new_data_parallel_size": 1, "drain_timeout": "x"})[0] == 400
+
+
+def test_vllm_0_33_differences(serve):
+    """Standing in for 0.33.0 (DSPARK_SIM_VLLM_VERSION): the scale-out routes answer 403 while they are off, and
+    /is_scaling_elastic_ep adds the external elastic EP status fields."""
+    old = serve(vllm_serve.http_api(["/ckpt", "--api-key", "k"], env={}, version="0.31.0"))
+    new = serve(vllm_serve.http_api(["/ckpt", "--api-key", "k"], env={}, version="0.33.0"))
+    for path in vllm_serve.SCALE_OUT_ROUTES:
+        unauthorized = (401, '{"error": "Unauthorized"}')
+        assert call(old, "POST", path, None, {}) == call(new, "POST", path, None, {}) == unauthorized
+        assert call(old, "POST", path, "k", {})[0] == 404
+        code, body = call(new, "POST", path, "k", {})
+        assert code == 403 and json.loads(body)["error"]["type"] == "PermissionDeniedError", path
+    assert json.loads(call(old, "POST", "/is_scaling_elastic_ep")[1]) == {"is_scaling_elastic_ep": False}
+    assert json.loads(call(new, "POST", "/is_scaling_elastic_ep")[1]) == dict(
+        is_scaling_elastic_ep=False, phase="idle", epoch=None, error=None, requested_data_parallel_size=None)
 
 
 def test_vllm_dev_routes_only_in_dev_mode(serve):
@@ -310,6 +327,7 @@ def test_sglang_worker_rank_serves_the_dummy_health_server_open(serve):
                          ("GET", "/ready")):  # no key needed to learn there is nothing: 404, not 401
         assert call(base, method, path, None, {} if method == "POST" else None) == (404, '{"detail": "Not Found"}')
     assert call(base, "POST", "/health") == (405, '{"detail": "Method Not Allowed"}')
+    assert call(base, "GET", "/openapi.json")[0] == 200  # FastAPI's docs: the dummy app keeps them
     nometrics = serve(server.http_api(["--model-path", "/m", "--node-rank", "1", "--nnodes", "2",
                                        "--dist-init-addr", "127.0.0.1:1"]))
     assert call(nometrics, "GET", "/metrics")[0] == 404
