@@ -5,13 +5,17 @@ connect there (retrying until ``--dist-timeout`` or 600 s) and send ``JOIN <rank
 When all ``--nnodes`` ranks joined, rank 0 answers ``FORMED`` to everyone. Both sides then
 exchange ``PING`` heartbeats; if any rank disappears after formation every rank exits non-zero.
 
-HTTP (``--host:--port``): rank 0 serves ``/health`` (503 until formed and NCCL is up), ``/v1/models`` and
-``/v1/chat/completions`` (non-streaming and SSE), and with ``--enable-metrics`` ``/metrics`` (Prometheus
-text: the real SGLang families of ``metric_families.SGLANG``: requests running (streams included) and queued
-(0), tokens, time to first token, latencies, the KV pool obtained and its usage; without the flag 404, as
-SGLang). With
-``--api-key`` every path except those starting with ``/health`` or ``/metrics`` needs
-``Authorization: Bearer <key>`` (SGLang's API-key middleware exempts both). Workers serve a dummy ``/health``.
+HTTP (``--host:--port``): rank 0 serves the routes of SGLang's app the project relies on (``make_handler``):
+``/health`` and ``/health_generate`` (503 until formed and NCCL is up, then a one-token generation), ``/ready``,
+``/ping``, ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions`` (non-streaming and SSE), ``/generate``,
+SageMaker's ``/invocations``, ``/get_model_info``, ``/get_server_info`` (and their new names), ``/flush_cache``,
+``/update_weights_from_disk``, and with ``--enable-metrics`` ``/metrics`` (Prometheus text: the real SGLang
+families of ``metric_families.SGLANG``: requests running (streams included) and queued (0), tokens, time to
+first token, latencies, the KV pool obtained and its usage; without the flag 404, as SGLang). Auth as SGLang's
+API-key middleware (``decide_request_auth``): paths starting with ``/health``, ``/ready`` or ``/metrics`` and
+OPTIONS pass; with ``--api-key`` everything else needs ``Authorization: Bearer <key>``; the admin routes
+(``/flush_cache``, ``/update_weights_from_disk``) take ``--admin-api-key`` instead when it is set. Worker ranks
+serve SGLang's dummy health server: ``/ping``, ``/health``, ``/health_generate`` (and ``/metrics``), no key.
 
 Once the group formed, every rank of a multi-rank group does what a real rank does next: torch's Gloo CPU
 group (``GLOO_SOCKET_IFNAME``) and its NCCL communicator (``nccl.comm_init``: ``NCCL_SOCKET_IFNAME``,
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -35,6 +40,7 @@ from . import flags, metric_families, nccl, openai_api
 from .openai_api import answer_for, message_text  # noqa: F401  (re-exported: shared with vllm-sim)
 
 HEARTBEAT_S = 2.0
+STARTED = time.time()
 PEER_TIMEOUT_S = 10.0
 FIXED_ANSWER = openai_api.fixed_answer("sglang")
 
@@ -266,33 +272,161 @@ def fabric_init(args, group: Group, engine: str) -> None:
     group.log(f"NCCL communicator ready (rank {group.rank}/{nranks})")
 
 
+# ------------------------------------------------------------------------------------------ HTTP ----
+# sglang/srt/utils/auth.py (0.5.23): these prefixes pass without a key (probes and Prometheus scrapes)
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+NORMAL, ADMIN_OPTIONAL = "normal", "admin_optional"
+
+
+def _bearer(header: str | None, key: str) -> bool:
+    parts = (header or "").split(" ", 1)
+    return len(parts) == 2 and parts[0].lower() == "bearer" and secrets.compare_digest(parts[1], key)
+
+
+def decide_request_auth(method: str, path: str, header: str | None, api_key: str | None,
+                        admin_api_key: str | None, level: str) -> int | None:
+    """SGLang's decide_request_auth: None (allowed) or the status refused with (no route here is ADMIN_FORCE, so
+    always 401). OPTIONS and OPEN_PREFIXES pass; an ADMIN_OPTIONAL route takes only the admin key when one is set,
+    else the API key, else is open; any other route takes the API key when one is set (the admin key does not
+    unlock it), else is open."""
+    if method == "OPTIONS" or path.startswith(OPEN_PREFIXES):
+        return None
+    if level == ADMIN_OPTIONAL:
+        key = admin_api_key or api_key
+        return None if not key or _bearer(header, key) else 401
+    return None if not api_key or _bearer(header, api_key) else 401
+
+
+def model_config(path: str | None) -> dict:
+    try:
+        with open(os.path.join(path or "", "config.json")) as f:
+            cfg = json.load(f)
+        return cfg if isinstance(cfg, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def health_generation_on() -> bool:
+    """SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (default true): /health generates a token too, else answers 200."""
+    return os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").strip().lower() not in (
+        "0", "false", "no", "off", "n", "f")
+
+
+def worker_routes(args) -> tuple[dict, list]:
+    """A worker rank's HTTP port (node_rank >= 1): launch_dummy_health_check_server, no auth: GET /ping, /health,
+    /health_generate answer 200, FastAPI's docs, and with --enable-metrics the /metrics mount; anything else 404."""
+    ok = {"GET": lambda h: h.send_empty(200)}
+    routes = {"/ping": ok, "/health": ok, "/health_generate": ok, **openai_api.docs_routes()}  # FastAPI's docs too
+    return routes, ([("/metrics", lambda h: h.metrics_text())] if args.enable_metrics else [])
+
+
 def make_handler(args, group: Group, engine: str):
+    """Rank 0: the routes of SGLang's http_server app the project relies on, behind its API-key middleware
+    (``--api-key``, ``--admin-api-key``; ``decide_request_auth``): ``/health`` and ``/health_generate`` (open: 503
+    until the group is ready, then a one-token generation), ``/ready`` (open), ``/metrics`` (open, with
+    ``--enable-metrics``); ``/ping``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/generate``,
+    ``/invocations`` (SageMaker: a chat completion), ``/get_model_info``, ``/model_info``, ``/get_server_info``,
+    ``/server_info``, FastAPI's docs (API key); ``/flush_cache`` and ``/update_weights_from_disk`` (admin key when
+    set, else API key). Worker ranks: ``worker_routes``."""
     full_api = args.node_rank == 0
-
-    def pre_route(h, method: str, path: str) -> bool:
-        if path.startswith("/health"):
-            if group.ready.is_set() or not full_api:
-                h.send_json(200, {"status": "ok", "rank": args.node_rank})
-            else:
-                h.send_json(503, {"status": "waiting for ranks", "rank": 0})
-        elif not full_api:
-            h.send_json(404, {"error": "worker rank serves /health only"})
-        elif not group.ready.is_set():
-            h.send_json(503, {"error": "rank group not formed yet"})
-        else:
-            return False
-        return True
-
     model = args.served_model_name or args.model_path or "default"
     # SGLang serves /metrics only with --enable-metrics (its scheduler's and tokenizer's collectors)
     metrics = (metric_families.EngineMetrics("sglang", model, kv_pool(args), context_len(args))
                if args.enable_metrics else None)  # fmt: skip
+    common = dict(engine=engine, model_names=[model], root=args.model_path,
+                  max_model_len=int(args.context_length or 0) or None, log=group.log,
+                  debug=(args.log_level or "").lower() == "debug", metrics=metrics)
+    if not full_api:
+        routes, prefixes = worker_routes(args)
+        return openai_api.make_handler(openai_api.Api(routes=routes, prefix_routes=prefixes, **common))
+
+    weights = {"model_path": args.model_path, "version": args.weight_version or "default"}
+
+    def health(h):
+        if not group.ready.is_set():
+            return h.send_empty(503)
+        if h.route_path == "/health" and not health_generation_on():
+            return h.send_empty(200)
+        answer_for("", engine)  # one token, max_new_tokens=1, not counted in the metrics (log_metrics=False)
+        time.sleep(openai_api.DECODE_SECONDS_PER_TOKEN)
+        h.send_empty(200)
+
+    def model_info(h):
+        cfg = model_config(weights["model_path"])
+        h.send_json(200, {
+            "model_path": weights["model_path"], "served_model_name": model,
+            "tokenizer_path": args.tokenizer_path or args.model_path, "is_generation": True,
+            "preferred_sampling_params": args.preferred_sampling_params, "weight_version": weights["version"],
+            "load_format": args.load_format, "reasoning_parser": args.reasoning_parser,
+            "tool_call_parser": args.tool_call_parser, "disaggregation_mode": args.disaggregation_mode,
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": cfg.get("model_type"), "architectures": cfg.get("architectures")})
+
+    def server_info(h):
+        # the resolved server args (the keys included, as the real one: only watermark secrets are redacted)
+        fields = {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+                  for k, v in sorted(vars(args).items())}
+        command = " ".join(["python3", "-m", "sglang.launch_server"] + sys.argv[1:])
+        h.send_json(200, {**fields, "launch_command": command,
+                          "max_total_num_tokens": kv_pool(args), "kv_events": None,
+                          "startup_time": STARTED, "internal_states": [{"last_gen_throughput": 0.0}],
+                          "version": flags.version_of("sglang"), "frontend": "python"})
+
+    def flush_cache(h):
+        h.send_text(200, "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                         "waiting requests, the operation will not be performed.)\n", "text/plain; charset=utf-8")
+
+    def update_weights_from_disk(h):
+        req = h.json_body()
+        path = req.get("model_path")
+        if not isinstance(path, str):
+            return h.send_json(400, {"object": "error", "message": "model_path: Field required", "type": "Bad Request",
+                                     "param": None, "code": 400})
+        if not os.path.isdir(path):
+            return h.send_json(400, {"success": False, "num_paused_requests": 0, "message":
+                                     f"Failed to get weights iterator: {path} (repository not found)."})
+        weights.update(model_path=path, version=req.get("weight_version") or weights["version"])
+        h.send_json(200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
+
+    get = lambda fn: {"GET": fn}  # noqa: E731
+    routes = {
+        "/health": get(health), "/health_generate": get(health),
+        "/ready": get(lambda h: h.send_empty(200 if group.ready.is_set() else 503)),
+        "/ping": get(lambda h: h.send_empty(200 if group.ready.is_set() else 503)),
+        "/get_model_info": get(model_info), "/model_info": get(model_info),
+        "/get_server_info": get(server_info), "/server_info": get(server_info),
+        "/flush_cache": {"GET": flush_cache, "POST": flush_cache},
+        "/update_weights_from_disk": {"POST": update_weights_from_disk},
+        "/invocations": {"POST": lambda h: h.chat()},
+        "/generate": {"POST": lambda h: h.generate(), "PUT": lambda h: h.generate()},
+        **openai_api.openai_routes(), **openai_api.docs_routes(),
+    }
+    admin = {("/flush_cache", "GET"), ("/flush_cache", "POST"), ("/update_weights_from_disk", "POST")}
+
+    def authorize(method: str, path: str, header: str | None) -> int | None:
+        level = ADMIN_OPTIONAL if (path, method) in admin else NORMAL
+        return decide_request_auth(method, path, header, args.api_key, args.admin_api_key, level)
+
+    def gate(h, method: str, path: str) -> bool:
+        if group.ready.is_set() or path in ("/health", "/health_generate", "/ready", "/ping"):
+            return False
+        h.send_json(503, {"error": "rank group not formed yet"})
+        return True
+
     return openai_api.make_handler(openai_api.Api(
-        engine=engine, model_names=[model],
-        root=args.model_path, max_model_len=int(args.context_length or 0) or None, api_key=args.api_key,
-        guarded=lambda path: not path.startswith(("/health", "/metrics")), pre_route=pre_route, log=group.log,
-        debug=(args.log_level or "").lower() == "debug",
-        metrics=metrics))
+        authorize=authorize, gate=gate, routes=routes,
+        prefix_routes=[("/metrics", lambda h: h.metrics_text())] if metrics else [], **common))
+
+
+def http_api(argv: list[str], ready: bool = True, engine: str = "sglang"):
+    """The handler of the HTTP API of ``launch_server <argv>`` (its ``--node-rank``'s), with the rank group formed
+    and ready (or not yet), without forming one (tests run it in-process with ``openai_api.serve_local``)."""
+    args = flags.parse_args(argv, engine)
+    group = Group(engine, args.node_rank, args.nnodes)
+    if ready:
+        group.formed.set()
+        group.ready.set()
+    return make_handler(args, group, engine)
 
 
 def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
@@ -320,7 +454,7 @@ def main(argv: list[str] | None = None, engine: str = "sglang") -> int:
         group.log("group formed (1/1 ranks)")
     httpd = ThreadingHTTPServer((args.host, args.port), make_handler(args, group, engine))
     httpd.daemon_threads = True
-    what = "API" if rank == 0 else "dummy /health"
+    what = "API" if rank == 0 else "dummy health server"
     group.log(f"serving {what} on {args.host}:{args.port}")
     if rank == 0:
         def announce():
