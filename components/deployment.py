@@ -9,10 +9,11 @@ from typing import Any
 
 import pulumi
 
-from planning import alerts, monitoring
+from planning import alerts, exposure, monitoring
 from planning.clientconfig import client_config
 
 from .cluster import DeepSeekCluster, DeepSeekClusterArgs
+from .fence import Fence, FenceArgs
 from .gateway import Gateway, GatewayArgs
 from .monitoring import Monitoring, MonitoringArgs
 from .readiness import Readiness, ReadinessArgs
@@ -61,6 +62,9 @@ def deploy(
     # per group: the fabric gate's measured bandwidth per node pair and rail at the last (re)start
     outputs["fabric"] = {sp.group_name: (c.fabric.figures if c.fabric else None) for sp, c in zip(cp.groups, clusters)}
     outputs["prometheus"] = {"scrape_configs": monitoring.scrape_configs(cp)}
+    nodes = {n.node.name: n for c in clusters for n in c.nodes}
+    Fence(f"{cp.stack}-fence", FenceArgs(cp.exposure, nodes))
+    outputs["exposure"] = exposure.to_output(cp.exposure)
     outputs["alert_rules"] = alerts.rule_groups(cp)
 
     if router is None:
@@ -78,7 +82,6 @@ def deploy(
         _gateway_outputs(cp, outputs, gateway)
     mp = cp.monitoring
     if mp is not None and (mp.exporters or mp.server is not None):
-        nodes = {n.node.name: n for c in clusters for n in c.nodes}
         ready = [gateway.readiness.check] if gateway else upstream
         Monitoring(f"{cp.stack}-monitoring", MonitoringArgs(mp, nodes, alert_webhook,
                                                             gateway.metrics_key if gateway else None, ready))  # fmt: skip

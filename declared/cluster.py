@@ -18,7 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from .shapes import (
     _ENGINE_VERSION, _HCA_LIST, _HF_REPO, _HOST_KEY, _IFNAME_LIST, _IMAGE, _NAME, _REVISION, _ENV_KEY,
-    check_host, check_options, check_path, check_printable, shape,
+    check_host, check_options, check_path, check_printable, check_source, shape,
 )  # fmt: skip
 
 PROJECT = "deepseek-spark"
@@ -38,6 +38,7 @@ class _Strict(BaseModel):
 
 
 Host = Annotated[str, AfterValidator(check_host)]
+Source = Annotated[str, AfterValidator(check_source)]
 NodePath = Annotated[str, AfterValidator(check_path)]
 Printable = Annotated[str, AfterValidator(check_printable)]
 IfnameList = Annotated[str, AfterValidator(shape(_IFNAME_LIST, "a network interface name or comma list "
@@ -172,6 +173,9 @@ class ServingConfig(_Strict):
                                           "take for weights and KV cache (--gpu-memory-utilization)")  # fmt: skip
     ray_port: int = Field(default=6379, ge=1024, le=65535, description="the Ray head's port on the head node "
                           "(distributedExecutorBackend ray)")  # fmt: skip
+    ray_ports: int = Field(default=6380, ge=1024, le=65436, description="the first of the 100 ports Ray's processes "
+                           "take on every node (node manager, object manager, agents, workers), fenced to the group's "
+                           "data plane")  # fmt: skip
     # ray: a Ray head + workers (the image must carry Ray); mp: vLLM's own multi-node launcher
     # (--nnodes/--node-rank/--master-addr, workers --headless), no Ray at all.
     distributed_executor_backend: Literal["ray", "mp"] = Field(
@@ -184,7 +188,8 @@ SGLANG_ONLY = {
     "spec_algo", "dspark_block_size", "offload_mode",
 }  # fmt: skip
 SGLANG_REQUIRED = ("ep_size", "context_length", "max_total_tokens", "mem_fraction_static", "max_running_requests")
-VLLM_ONLY = {"max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "ray_port", "distributed_executor_backend"}
+VLLM_ONLY = {"max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "ray_port", "ray_ports",
+             "distributed_executor_backend"}
 
 
 class EngramConfig(_Strict):

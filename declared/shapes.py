@@ -53,6 +53,17 @@ def check_host(value: str) -> str:
     return value
 
 
+def check_source(value: str) -> str:
+    """Who may reach a port: an IPv4 address or network in CIDR form (0.0.0.0/0: anywhere), written normalized."""
+    try:
+        net = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError("not an IPv4 address or network, e.g. 10.20.0.0/16, 192.0.2.7 or 0.0.0.0/0 (anywhere)") from None
+    if net.version != 4:
+        raise ValueError("IPv6 sources are not supported: the fence's sets are IPv4 (0.0.0.0/0 also opens IPv6)")
+    return str(net)
+
+
 def check_path(value: str) -> str:
     """An absolute, normalized node path without whitespace or control characters, outside system dirs."""
     if _CONTROL.search(value) or any(c.isspace() for c in value):

@@ -11,10 +11,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from .cluster import ClusterConfig, ConfigError, Host, ImageRef, Name, _Strict, error_lines, parse_cluster
+from .cluster import (
+    ClusterConfig, ConfigError, Host, ImageRef, Name, Printable, Source, _Strict, error_lines, parse_cluster,
+)  # fmt: skip
 
 ROUTER_POLICIES = ("round_robin", "cache_aware", "power_of_two", "random")
 LOCAL = "local"  # router.node: the docker engine where Pulumi runs
+ANYWHERE = "0.0.0.0/0"
 
 
 class RouterConfig(_Strict):
@@ -157,6 +160,34 @@ class MonitoringConfig(_Strict):
     server: MonitoringServerConfig | None = Field(default=None, description="Prometheus and Alertmanager (off)")
 
 
+class OpenPortConfig(_Strict):
+    """A port of the owner's own that the fence lets through on every node of the stack."""
+
+    port: int = Field(ge=1, le=65535, description="the TCP port")
+    sources: list[Source] = Field(default_factory=lambda: [ANYWHERE], min_length=1,
+                                  description="who may reach it (IPv4 addresses or networks; default anywhere)")
+    why: Printable = Field(min_length=1, max_length=200, description="what listens there (shown in the preview)")
+
+
+class FirewallConfig(_Strict):
+    """Who may reach the stack's nodes (docs/exposure.md): a host firewall on every node (nftables, one table of the
+    stack's own, applied atomically, in force at boot before any container starts) that lets through ssh from the
+    operators, the endpoint from the clients, and every inner port only from the parts of the stack that use it."""
+
+    enabled: bool = Field(default=True, description="fence every node (off: every listener answers whoever reaches "
+                                                    "it; the preview warns)")  # fmt: skip
+    clients: list[Source] = Field(default_factory=lambda: [ANYWHERE], min_length=1,
+                                  description="who may reach the stack's endpoint (default anywhere)")
+    operators: list[Source] = Field(default_factory=lambda: [ANYWHERE], min_length=1,
+                                    description="who may reach ssh on every node (default anywhere; Pulumi's own "
+                                                "machine must be among them)")  # fmt: skip
+    scrapers: list[Source] = Field(default_factory=list, description="who may scrape the node exporters, guards and "
+                                   "engines besides the stack's own Prometheus (a team's Prometheus)")  # fmt: skip
+    open: list[OpenPortConfig] = Field(default_factory=list, description="ports of the owner's own to let through")
+    confirm_seconds: int = Field(default=60, ge=10, le=600, description="a new rule set that cuts the ssh of the "
+                                 "`up` applying it is rolled back after this long")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GroupEntry:
     """One serving group: a name (none for a stack without `groups`) and its full config."""
@@ -177,6 +208,7 @@ class StackConfig:
     router: RouterConfig | None = None
     gateway: GatewayConfig | None = None
     monitoring: MonitoringConfig = MonitoringConfig()
+    firewall: FirewallConfig = FirewallConfig()
 
     @property
     def single(self) -> ClusterConfig | None:
@@ -185,6 +217,7 @@ class StackConfig:
 
 
 
+STACK_SECTIONS = ("router", "gateway", "monitoring", "firewall")  # the stack's own, beside the groups' fields
 GROUP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,14}[a-z0-9])?$")
 GROUP_FIELDS = ("engine", "nodes", "model", "image", "engineVersion", "imageBuild", "imageTimeoutMinutes", "serving", "engram",
                 "fabric", "share", "readiness", "memory", "alerts", "topology", "stateDir")  # fmt: skip
@@ -205,12 +238,18 @@ def _merge(base: dict, override: dict) -> dict:
 def parse_stack(raw: Any) -> StackConfig:
     """Validate `deepseek-spark:cluster` with optional `groups` and `router`; every problem in one
     message, each naming its field. Without `groups` the value is one group, exactly as before."""
-    if not isinstance(raw, dict) or not {"groups", "router", "gateway", "monitoring"} & set(raw):
+    if not isinstance(raw, dict) or not {"groups", *STACK_SECTIONS} & set(raw):
         return StackConfig((GroupEntry(None, parse_cluster(raw)),))
-    base = {k: v for k, v in raw.items() if k not in ("groups", "router", "gateway", "monitoring")}
+    base = {k: v for k, v in raw.items() if k not in ("groups", *STACK_SECTIONS)}
     problems: list[str] = []
     router = gateway = None
     monitoring = MonitoringConfig()
+    firewall = FirewallConfig()
+    if raw.get("firewall") is not None:
+        try:
+            firewall = FirewallConfig.model_validate(raw["firewall"])
+        except ValidationError as exc:
+            problems += error_lines(exc, "cluster.firewall")
     if raw.get("monitoring") is not None:
         try:
             monitoring = MonitoringConfig.model_validate(raw["monitoring"])
@@ -269,5 +308,5 @@ def parse_stack(raw: Any) -> StackConfig:
         problems.append(f"cluster.groups: the name {dup!r} is used twice; every group needs its own name")
     if problems:
         raise ConfigError("invalid stack config:\n  " + "\n  ".join(problems))
-    return StackConfig(tuple(entries), router, gateway, monitoring)
+    return StackConfig(tuple(entries), router, gateway, monitoring, firewall)
 

@@ -139,6 +139,7 @@ def main(
     out: Optional[TextIO] = None,
     err: Optional[TextIO] = None,
     sleep: Callable[[float], None] = time.sleep,
+    forward: Optional[Callable] = None,
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
@@ -154,7 +155,7 @@ def main(
             return cmd_plan.run(stack, args.json, out)
         if args.command == "repair":
             return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack, guard=lambda: cmd_guard.collect(
-                stack, Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer)))  # fmt: skip
+                stack, Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer, forward=forward)))  # fmt: skip
         if args.command == "restart":
             return cmd_restart.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
         if args.command == "smoke":
@@ -165,8 +166,8 @@ def main(
                                  timeout=args.timeout, extra_args=args.extra_args)  # fmt: skip
         if args.command == "diagnose":
             return cmd_diagnose.run(stack, out, err, runner=runner, out_file=args.out, timeout=args.timeout,
-                                    tail=args.tail, up_log=args.up_log)  # fmt: skip
-        nodes = Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer)
+                                    tail=args.tail, up_log=args.up_log, forward=forward)  # fmt: skip
+        nodes = Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer, forward=forward)
         if args.command == "status":
             return cmd_status.run(stack, nodes, args.json, out, watch=args.watch, count=args.count, sleep=sleep)
         if args.command == "logs":

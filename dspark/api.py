@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Callable, Optional
 
-from .nodes import redact
+from programs import tunnel
+
+from .nodes import Nodes, redact
 
 Clock = Callable[[], float]
 
@@ -28,6 +31,23 @@ def get_status(url: str, timeout: float = 5.0) -> tuple[Optional[int], Optional[
         return None, f"{type(exc.reason).__name__}: {exc.reason}"
     except (OSError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def inner_status(nodes: Nodes, url: str, timeout: float = 5.0) -> tuple[Optional[int], Optional[str]]:
+    """GET `url`, an inner port of the group's head (planning/exposure.py: the fence lets only the stack's own parts
+    reach it), through ssh to the head, as an operator does: what get_status gives."""
+    head, where = nodes[0], urllib.parse.urlsplit(url)
+    forward = nodes.forward or tunnel.forward
+    try:
+        with forward(head.target, head.port, list(nodes.ssh_opts), where.hostname, where.port or 80) as port:
+            return get_status(tunnel.local_url(url, port), timeout)
+    except OSError as exc:
+        return None, str(exc)
+
+
+def group_status(nodes: Nodes, fronted: bool) -> Callable[[str, float], tuple[Optional[int], Optional[str]]]:
+    """How to GET the group's own API: straight, or, behind the stack's router or gateway, through ssh to its head."""
+    return (lambda url, timeout=5.0: inner_status(nodes, url, timeout)) if fronted else get_status
 
 
 def _request(base_url: str, key: str, body: dict) -> urllib.request.Request:

@@ -271,7 +271,8 @@ def last_up(cli: PulumiCli, export: Optional[dict], export_error: Optional[str])
 
 def run(stack: Stack, out: TextIO, err: TextIO, runner: Optional[Runner] = None, out_file: Optional[str] = None,
         timeout: float = TIMEOUT, tail: int = TAIL, up_log: Optional[str] = None,
-        http_status: Optional[Callable] = None, clock: Callable[[], float] = time.monotonic) -> int:  # fmt: skip
+        http_status: Optional[Callable] = None, clock: Callable[[], float] = time.monotonic,
+        forward: Optional[Callable] = None) -> int:  # fmt: skip
     started, now = clock(), dt.datetime.now(dt.timezone.utc)
     deadline = started + timeout
     target = _target(stack, out_file, now)
@@ -313,7 +314,7 @@ def run(stack: Stack, out: TextIO, err: TextIO, runner: Optional[Runner] = None,
         members.append((name, red.redact(text)))
 
     bounded = Bounded(runner, deadline, max(1.0, timeout / 3), clock)
-    nodes = Nodes(stack.cfg, stack.plan_name, runner=bounded)
+    nodes = Nodes(stack.cfg, stack.plan_name, runner=bounded, forward=forward)
     local = part("versions (local)", lambda: local_versions(cli))
     config = part("config", lambda: masked_config(stack))
     plan = part("plan", lambda: cmd_plan.build(stack))

@@ -1,6 +1,8 @@
 """`doctor`: run every node's preflight now, and look for drift between the nodes and the stack:
 ranks stopped or missing, rank containers with another group revision than the stack's output,
-engram shard files missing (SGLang), a checkpoint volume missing, a stale NFS checkpoint mount,
+engram shard files missing (SGLang), a checkpoint volume missing, a stale NFS checkpoint mount, the node's
+fence (planning/exposure.py) missing, changed by hand or not the plan's (and, as a note, what a host on the
+management network can reach there),
 (when all ranks run the stack's revision) a rank 0 that does not answer /health, and the self-healing
 guard itself (running on every node, its leader looking, not given up, its token and archive as the
 program wrote them). Each finding names the node, what is wrong and the fix.
@@ -21,7 +23,8 @@ JSON shape (`--json`):
          "nccl_transport": null | "NET/IB" | "NET/Socket",   # from the rank's log (serving.ncclDebug: true)
          "engram": null | {"dir": "...", "present": ["engram-l1-r0of3.bin"], "missing": ["engram-l14-r0of3.bin"]},
          "checkpoint_volume": null | {"name": "tp3-checkpoint", "exists": true, "mountpoint": "...",
-                                      "mounted": true, "stat": "ok" | "hung" | "stale" | "failed" | "unknown"}}
+                                      "mounted": true, "stat": "ok" | "hung" | "stale" | "failed" | "unknown"},
+         "fence": null | "fence live=present|missing saved=same|differs boot=ok|differs"}
       ],
       "health": null | {"url": "...", "status": 200 | null, "error": null | "..."},
       "fabric_gate": null | {"<group>": {"floorGbps", "minGbps", "ok", "pairs": [{"a", "b", "totalGbps", "rails"}]}},
@@ -33,6 +36,7 @@ JSON shape (`--json`):
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, TextIO
 
@@ -61,6 +65,9 @@ class Finding:
     fix: str
 
 
+OUTSIDE = "192.0.2.77"  # TEST-NET-1: a host of the office network that is none of the stack's sources
+
+
 def project_name(stack: Stack) -> str:
     try:
         doc = yaml.safe_load((stack.project_dir / "Pulumi.yaml").read_text()) or {}
@@ -77,6 +84,45 @@ def engram_shard_urn(stack: Stack, node_name: str) -> str:
         f"urn:pulumi:{stack.short}::{project_name(stack)}::deepseek-spark:index:DeepSeekCluster$"
         f"deepseek-spark:index:EngramShards$command:remote:Command::{s}-engram-{node_name}"
     )
+
+
+def fence_urn(stack: Stack, node_name: str) -> str:
+    """URN of a node's fence command (`<stack>-fence-<node>` under the Fence component)."""
+    return (f"urn:pulumi:{stack.short}::{project_name(stack)}::deepseek-spark:index:Fence$command:local:Command::"
+            f"{stack.short}-fence-{node_name}")
+
+
+def fence_cmd(table: str, stack: str, digest: str) -> str:
+    """On the node: is the table in force (`live`), the same as when the fence was confirmed (`saved`), and is the
+    file loaded at boot the plan's rule set (`boot`, against its `digest`)?"""
+    d = shlex.quote(f"/etc/deepseek-spark/fence-{stack}")
+    return "sh -c " + shlex.quote(f'S=""; [ "$(id -u)" = 0 ] || S="sudo -n"; '
+            f'if live=$($S nft list table inet {shlex.quote(table)} 2>/dev/null); then l=present; else l=missing; fi; '
+            f'if [ "$l" = present ] && [ "$live" = "$($S cat {d}.live 2>/dev/null)" ]; then s=same; else s=differs; fi; '
+            f'if [ "$($S cat {d}.nft 2>/dev/null | sha256sum | cut -c1-16)" = {shlex.quote(digest)} ]; then b=ok; '
+            'else b=differs; fi; echo "fence live=$l saved=$s boot=$b"')  # fmt: skip
+
+
+def fence_findings(stack: Stack, node: Node, ne, out: str) -> list[Finding]:
+    """The node's fence against the plan: in force, as confirmed, the boot file the plan's."""
+    line = next((ln for ln in out.splitlines() if ln.startswith("fence ")), "")
+    got = dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
+    fix = (f"put it back: `pulumi up --stack {stack.short} --replace '{fence_urn(stack, node.name)}'` (it applies "
+           "the planned rules the safe way: refused if they would cut your ssh, rolled back unless confirmed)")
+    if not line:
+        return [Finding(node.name, node.rank, "fence-unknown", f"could not read the fence: {out.strip()[-200:]}",
+                        "check `sudo -n nft list tables` on the node")]  # fmt: skip
+    if got.get("live") != "present":
+        return [Finding(node.name, node.rank, "fence-missing", f"the fence (table inet {ne.table}) is not in force: "
+                        "every listener answers whoever reaches the node", fix)]  # fmt: skip
+    out_findings = []
+    if got.get("saved") != "same":
+        out_findings.append(Finding(node.name, node.rank, "fence-altered", f"table inet {ne.table} differs from the "
+                                    "rules confirmed at the last `up` (someone changed it by hand)", fix))  # fmt: skip
+    if got.get("boot") != "ok":
+        out_findings.append(Finding(node.name, node.rank, "fence-stale", "the fence the node loads at boot is not the "
+                                    "one the plan renders (a pending change, or a file changed by hand)", fix))  # fmt: skip
+    return out_findings
 
 
 def _refresh_fix(name: str, what: str) -> str:
@@ -104,7 +150,7 @@ def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
     cfg, name = stack.cfg, stack.plan_name
     result: dict = {"rank": node.rank, "node": node.name, "reachable": True, "preflight": None, "fabric": None,
                     "memory": None, "container": None, "nccl_transport": None, "engram": None,
-                    "checkpoint_volume": None, "_findings": [], "_notes": []}  # fmt: skip
+                    "checkpoint_volume": None, "fence": None, "_findings": [], "_notes": []}  # fmt: skip
     findings: list[Finding] = result["_findings"]
     code, out = nodes.run(node, preflight_cmd(commands.preflight(cfg, name, node.rank)))
     ok, failed = parse_preflight(out)
@@ -191,6 +237,15 @@ def check_node(stack: Stack, nodes: Nodes, node: Node, expected: str) -> dict:
                                     "revision, TP, rank or engram.dir change); a group started without it fails at "
                                     "boot, so restart a running one afterwards (bump serving.generation)"))  # fmt: skip
 
+    ne = stack.exposure().get(node.name)
+    if ne is not None and ne.enabled:
+        _, fout = nodes.run(node, fence_cmd(ne.table, stack.short, ne.digest))
+        result["fence"] = fout.strip().splitlines()[-1] if fout.strip() else None
+        findings += fence_findings(stack, node, ne, fout)
+        reach = [f"{lst.port} ({lst.what.split(' (')[0].split(':')[0]})" for lst in ne.reachable_from(OUTSIDE)]
+        result["_notes"].append(f"{node.name}: a host on the management network outside the stack's sources reaches "
+                                f"{', '.join(reach) or 'nothing'} (docs/exposure.md)")  # fmt: skip
+
     volume = plan.checkpoint_volume_name(name)
     sudo = "" if node.user == "root" else "sudo -n "
     vcode, vout = nodes.run(node, volume_probe_cmd(volume, sudo))
@@ -253,7 +308,8 @@ def run(stack: Stack, nodes: Nodes, as_json: bool, out: TextIO, http_status: Opt
                    and r["container"]["revision"] == expected for r in results)  # fmt: skip
     if all_good:
         url = probe.health_url(stack.endpoint())
-        status, error = (http_status or api.get_status)(url, 5.0)
+        # a group behind the stack's router or gateway: its API is an inner port, reached through ssh to its head
+        status, error = (http_status or api.group_status(nodes, stack.fronted))(url, 5.0)
         health = {"url": url, "status": status, "error": error}
         if status != 200:
             findings.append(Finding(stack.cfg.nodes[0].name, 0, "health",

@@ -147,7 +147,8 @@ def collect(stack: Stack, nodes: Nodes, http_status: Optional[Callable] = None, 
     ranks = nodes.each(lambda n: rank_status(nodes, n, expected, key))
     endpoint = stack.endpoint()
     url = probe.health_url(endpoint)
-    status, error = (http_status or api.get_status)(url, 5.0)
+    # a group behind the stack's router or gateway: its API is an inner port, reached through ssh to its head
+    status, error = (http_status or api.group_status(nodes, stack.fronted))(url, 5.0)
     doc: dict = {
         "stack": stack.short,
         "engine": cfg.engine,

@@ -84,8 +84,10 @@ class Nodes:
     """The stack's nodes and how to reach them."""
 
     def __init__(self, cfg: ClusterConfig, stack: str, runner: Optional[Runner] = None,
-                 streamer: Optional[Streamer] = None):  # fmt: skip
+                 streamer: Optional[Streamer] = None, forward: Optional[Callable] = None):  # fmt: skip
+        """`forward`: how to reach a node's inner port (programs.tunnel.forward's shape: an ssh tunnel by default)."""
         self.cfg = cfg
+        self.forward = forward
         self.stack = stack
         self.ssh_opts = commands.ssh_opts(cfg)
         self._runner = runner

@@ -17,6 +17,7 @@ from declared.cluster import CLUSTER_KEY, PROJECT, ClusterConfig, ConfigError
 from declared.stack import StackConfig, parse_stack
 
 if TYPE_CHECKING:
+    from planning.exposure import NodeExposure
     from planning.gateway import GatewayPlan
 
 CONFIG_KEY = f"{PROJECT}:{CLUSTER_KEY}"
@@ -64,6 +65,12 @@ class Stack:
     @property
     def short(self) -> str:
         return short_name(self.name)
+
+    @property
+    def fronted(self) -> bool:
+        """A router or the team gateway fronts the group: its own API is an inner port (planning/exposure.py), which
+        the fence lets only the stack's parts reach, so dspark reaches it through ssh."""
+        return self.routed or (self.config is not None and self.config.gateway is not None)
 
     @property
     def plan_name(self) -> str:
@@ -129,6 +136,13 @@ class Stack:
         if sc is None or rules.check_stack(sc, self.short)[0]:
             return stackplan.build(self.cfg, self.plan_name)
         return next(g for g in stackplan.build_stack(sc, self.short).groups if g.stack == self.plan_name)
+
+    def exposure(self) -> dict[str, "NodeExposure"]:
+        """Node name -> its exposure as the program plans it (planning/exposure.py): its listeners, its fence."""
+        sc = self.config
+        if sc is None or rules.check_stack(sc, self.short)[0]:
+            return {}
+        return {ne.node: ne for ne in stackplan.build_stack(sc, self.short).exposure}
 
     def planned_revision(self) -> str:
         """The group revision the config plans (what the next `up` would label every rank with)."""

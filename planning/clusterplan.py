@@ -11,6 +11,7 @@ from typing import Optional
 
 from . import memoryplan, plan, routing
 from .budget import NodeBudget
+from .exposure import NodeExposure
 from .gateway import GatewayPlan
 from .guard import GuardPlan
 from .nodeplan import NodePlan
@@ -149,6 +150,7 @@ class ClusterPlan:
     members: tuple[Optional[MemberPlan], ...]  # per group; None without a router
     gateway: Optional[GatewayPlan] = None  # the team gateway in front of it all (gateway.members' keys)
     monitoring: Optional[MonitoringPlan] = None  # node exporters, and Prometheus + Alertmanager
+    exposure: tuple[NodeExposure, ...] = ()  # every node's listeners, who may reach them, its fence (exposure.build)
 
     @property
     def upstream(self) -> str:

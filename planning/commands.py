@@ -374,10 +374,11 @@ def ssh_opts(cfg: ClusterConfig) -> list[str]:
 
 
 def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hint: str = "",
-              health_path: str = "/health") -> str:  # fmt: skip
+              health_path: str = "/health", tunnel: bool = False) -> str:  # fmt: skip
     """Local command: wait for rank 0 /health, then one authenticated chat completion, failing at
     once if a rank's container exits meanwhile. `url`: probe that endpoint (the router's, the gateway's
-    at `health_path`) instead, without watching ranks."""
+    at `health_path`) instead, without watching ranks. `tunnel`: rank 0's API is an inner port behind
+    the stack's front (the fence lets only the stack's parts in): reach it through ssh to the head."""
     r = cfg.readiness
     ranks = [
         f"--rank {q(f'{rank}={plan.container_name(stack, rank)}@{n.ssh_user}@{n.host}:{n.ssh_port}')}"
@@ -399,9 +400,25 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hi
             *ranks,
             *([f"--restart-hint {q(restart_hint)}"] if ranks and restart_hint else []),
             *([f"--health-path {q(health_path)}"] if health_path != "/health" else []),
-            *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks else [])),
+            *([f"--tunnel {q(f'{cfg.nodes[0].ssh_user}@{cfg.nodes[0].host}:{cfg.nodes[0].ssh_port}')}"] if tunnel else []),
+            *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks or tunnel else [])),
         ]
     )
+
+
+def fence(cfg: ClusterConfig, rank: int, stack: str, table: str, operators: list[str], confirm: int,
+          action: str = "apply") -> str:  # fmt: skip
+    """Local command: the node's fence (its rule set on stdin) applied over the system ssh, refused when it would
+    cut this machine's ssh, rolled back by the node unless a new ssh connection confirms it (programs/fence.py);
+    `remove`: taken off."""
+    n = cfg.nodes[rank]
+    return " ".join([
+        f"python3 -m programs.fence {action}", f"--stack {q(stack)}", f"--node {q(n.name)}",
+        f"--target {q(f'{n.ssh_user}@{n.host}')}", f"--port {n.ssh_port}", f"--table {q(table)}",
+        *([f"--ssh-port {n.ssh_port}", "--operators", *map(q, operators), f"--confirm {confirm}"]
+          if action == "apply" else []),
+        *(f"--ssh-opt={q(o)}" for o in ssh_opts(cfg)),
+    ])  # fmt: skip
 
 
 def fabric_gate(cfg: ClusterConfig) -> str | None:

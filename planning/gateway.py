@@ -221,7 +221,8 @@ def build(
         database_port=gw.database_port,
         database=ContainerPlan(database_name(stack), ("sh", f"{ETC}/start-db", str(gw.database_port)),
                                ((DB_DATA, f"{name}-db", "volume", False), *shared), gw.database_memory_mib),
-        gateway=ContainerPlan(name, ("sh", f"{ETC}/start-gateway", "0.0.0.0", str(gw.port)), shared, gw.memory_mib),
+        # LiteLLM on its node's management address, where the clients reach it (planning/exposure.py)
+        gateway=ContainerPlan(name, ("sh", f"{ETC}/start-gateway", node.host, str(gw.port)), shared, gw.memory_mib),
         members=tuple(MemberKeyPlan(m.name, member_add(name, m), member_revoke(name, m.name), m.rotation) for m in gw.members),
         readiness=readiness,
         readiness_timeout_minutes=readiness_timeout_minutes,

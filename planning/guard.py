@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from . import commands, launch, plan
+from . import commands, exposure, launch, plan
 from declared.cluster import ClusterConfig
 
 q = shlex.quote
@@ -137,7 +137,7 @@ class GuardPlan:
         """The guard's arguments on node `rank` that need no container ID (known at preview: what a policy reads)."""
         n = self.nodes[rank]
         return [f"{STATE_MOUNT}/{ARCHIVE}", "--stack", self.stack, "--group", self.group, "--node", n.node,
-                "--rank", str(rank), "--role", n.role, "--port", str(self.port), "--state-dir", STATE_MOUNT,
+                "--rank", str(rank), "--role", n.role, "--bind", n.host, "--port", str(self.port), "--state-dir", STATE_MOUNT,
                 "--token-file", f"{STATE_MOUNT}/{TOKEN}", "--gates", json.dumps([[g, p, list(a)] for g, p, a in n.gates])]
 
     def leader_json(self, ids: dict[int, str]) -> str:
@@ -190,7 +190,7 @@ def build(cfg: ClusterConfig, group: str, stack: str, router: Optional[str] = No
         if rank == 0:  # the leader asks the group (and the router) with the stack's key, as readiness does
             mounts.append(GuardMount(launch.API_KEY_MOUNT, plan.api_key_path(cfg, group), True))
         nodes.append(GuardNode(
-            rank=rank, node=n.name, host=n.host, container_name=container_name(group), memory_mib=sh.memory_mib, image=cfg.image, dir=d,
+            rank=rank, node=n.name, host=exposure.node_bind(cfg, rank), container_name=container_name(group), memory_mib=sh.memory_mib, image=cfg.image, dir=d,
             bundle_write=bundle_write(f"{d}/{ARCHIVE}", s), bundle_delete=bundle_delete(d, s),
             token_create=commands.secret_file_create(f"{d}/{TOKEN}", s),
             token_delete=commands.secret_file_delete(f"{d}/{TOKEN}", s),
@@ -199,7 +199,7 @@ def build(cfg: ClusterConfig, group: str, stack: str, router: Optional[str] = No
     start, stop = orders(cfg)
     r = cfg.readiness
     heal = {"engine": cfg.engine, "start_order": list(start), "stop_order": list(stop),
-            "url": f"http://127.0.0.1:{cfg.serving.port}/v1", "model": cfg.model.served_name, "prompt": r.prompt,
+            "url": f"http://{exposure.engine_bind(cfg, 0)}:{cfg.serving.port}/v1", "model": cfg.model.served_name, "prompt": r.prompt,
             "expect": r.expect, "boot_timeout": r.timeout_seconds, "interval": r.interval_seconds,
             "grace": sh.stop_grace_seconds, "router": router, "worker": worker}  # fmt: skip
     settings = {"max_attempts": sh.max_attempts, "backoff_s": sh.backoff_seconds, "hang_s": sh.hang_seconds,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 
-from . import fabric
+from . import exposure, fabric
 from declared.cluster import ClusterConfig
 
 # Where the rank container sees what its command line names (plan.rank_specs mounts them there).
@@ -128,7 +128,7 @@ def sglang_args(cfg: ClusterConfig, rank: int) -> list[str]:
         "--nnodes", str(len(cfg.nodes)),
         "--node-rank", str(rank),
         "--dist-init-addr", f"{fabric.bootstrap_ip(cfg, 0)}:{s.dist_port}",
-        "--host", "0.0.0.0",
+        "--host", exposure.engine_bind(cfg, rank),
         "--port", str(s.port),
         "--context-length", str(s.context_length),
         "--max-total-tokens", str(s.max_total_tokens),
@@ -163,14 +163,29 @@ def rails_env(sysfs: str = "/sys/class/infiniband") -> str:
             'NCCL_IB_GID_INDEX=${NCCL_IB_GID_INDEX:-auto} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-}"\n')
 
 
-def ray_head_args(port: str, ip: str) -> list[str]:
+def ray_ports_args(cfg: ClusterConfig) -> list[str]:
+    """Ray's processes on a node pinned to serving.rayPorts (exposure.ray_ports: what the fence lets the group's
+    peers reach), its dashboard, where the image has one, on loopback."""
+    p = exposure.ray_ports(cfg)
+    return ["--node-manager-port", str(p["node-manager"]), "--object-manager-port", str(p["object-manager"]),
+            "--runtime-env-agent-port", str(p["runtime-env-agent"]), "--metrics-export-port", str(p["metrics-export"]),
+            "--min-worker-port", str(p["min-worker"]), "--max-worker-port", str(p["max-worker"]),
+            "--dashboard-host", exposure.LOOPBACK]  # fmt: skip
+
+
+def ray_head_args(cfg: ClusterConfig, port: str, ip: str) -> list[str]:
     """`ray start` on the vLLM head (the script passes "$RAY_PORT" "$VLLM_HOST_IP"; the argument check
     passes the values)."""
-    return ["start", "--head", "--port", port, "--node-ip-address", ip, "--num-gpus", "1", "--disable-usage-stats"]
+    return ["start", "--head", "--port", port, "--node-ip-address", ip, "--num-gpus", "1", "--disable-usage-stats",
+            *ray_ports_args(cfg)]
 
 
-# vLLM head: start the Ray head, wait until every node's Ray worker has joined, then serve.
-VLLM_HEAD_RUN = "ray " + " ".join(ray_head_args('"$RAY_PORT"', '"$VLLM_HOST_IP"')) + r"""
+def vllm_head_run(cfg: ClusterConfig) -> str:
+    """The vLLM head's script: start the Ray head, wait until every node's Ray worker has joined, then serve."""
+    return "ray " + " ".join(ray_head_args(cfg, '"$RAY_PORT"', '"$VLLM_HOST_IP"')) + VLLM_HEAD_GATE
+
+
+VLLM_HEAD_GATE = r"""
 python3 - <<'GATE'
 import os, sys, time
 import ray
@@ -243,7 +258,7 @@ def vllm_env(cfg: ClusterConfig, rank: int) -> dict[str, str]:
     return dict(sorted(env.items()))
 
 
-def vllm_serve_args(cfg: ClusterConfig) -> list[str]:
+def vllm_serve_args(cfg: ClusterConfig, rank: int = 0) -> list[str]:
     s = cfg.serving
     args = [
         "serve", MODEL_MOUNT,
@@ -253,7 +268,7 @@ def vllm_serve_args(cfg: ClusterConfig) -> list[str]:
         "--kv-cache-dtype", s.kv_cache_dtype,
         "--max-model-len", str(s.max_model_len),
         "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
-        "--host", "0.0.0.0",
+        "--host", exposure.engine_bind(cfg, rank),
         "--port", str(s.port),
     ]  # fmt: skip
     if s.max_running_requests:

@@ -154,15 +154,15 @@ def vllm_specs(cfg: ClusterConfig, stack: str, limits: list[int] | None = None) 
             mounts.append(Mount(launch.API_KEY_MOUNT, api_key_path(cfg, stack), "bind", True))
         if mp:
             run, key, role = 'exec vllm "$@"', ("env:VLLM_API_KEY" if rank == 0 else None), "vllm-node"
-            args = launch.vllm_serve_args(cfg) + launch.vllm_mp_args(cfg, rank)
+            args = launch.vllm_serve_args(cfg, rank) + launch.vllm_mp_args(cfg, rank)
         elif rank == 0:
-            run, key, role = launch.VLLM_HEAD_RUN, "env:VLLM_API_KEY", "vllm-head"
+            run, key, role = launch.vllm_head_run(cfg), "env:VLLM_API_KEY", "vllm-head"
             args = launch.vllm_serve_args(cfg)
         else:
             run, key, role = launch.RAY_WORKER_RUN, None, "ray-worker"
             args = ["ray", "start", "--block", "--address", f"{fabric.bootstrap_ip(cfg, 0)}:{cfg.serving.ray_port}",
                     "--node-ip-address", fabric.bootstrap_ip(cfg, rank), "--num-gpus", "1",
-                    "--disable-usage-stats"]  # fmt: skip
+                    "--disable-usage-stats", *launch.ray_ports_args(cfg)]  # fmt: skip
         specs.append(
             RankSpec(rank=rank, node=node.name, container_name=container_name(stack, rank), image=cfg.image,
                      entrypoint=["/bin/sh", "-c", launch.launch_wrapper(run, key=key), role], args=args,
@@ -183,7 +183,7 @@ def rank_checks(cfg: ClusterConfig, spec: RankSpec) -> list[tuple[str, list[str]
         return [("ray", spec.args[1:])]
     checks = [("vllm", spec.args)]
     if cfg.serving.distributed_executor_backend == "ray":
-        checks.insert(0, ("ray", launch.ray_head_args(str(cfg.serving.ray_port), fabric.bootstrap_ip(cfg, spec.rank))))
+        checks.insert(0, ("ray", launch.ray_head_args(cfg, str(cfg.serving.ray_port), fabric.bootstrap_ip(cfg, spec.rank))))
     return checks
 
 

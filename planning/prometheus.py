@@ -26,6 +26,7 @@ from declared.stack import MONITORING_IMAGE, MonitoringConfig, StackConfig
 from . import imagebuild
 from .commands import secret_file_create, secret_file_delete
 from .gateway import files_digest, files_write
+from .exposure import LOOPBACK  # Prometheus and Alertmanager: on their node only (operators: through ssh)
 from .nodeplan import NodePlan
 
 q = shlex.quote
@@ -123,14 +124,15 @@ class MonitoringPlan:
         return out
 
 
-def exporter_container(stack: str, mc: MonitoringConfig) -> Container:
+def exporter_container(stack: str, mc: MonitoringConfig, host: str) -> Container:
+    """The node exporter on the node whose management address is `host` (where Prometheus scrapes it)."""
     ne = mc.node_exporter
     return Container(
         name=f"{stack}-node-exporter",
         entrypoint=("/usr/bin/prometheus-node-exporter",),
         # the node's own /proc and /sys (the host's: what a container's own shows too, with the host's PID space)
         command=(f"--path.rootfs={HOST_ROOT}", f"--path.procfs={HOST_ROOT}/proc", f"--path.sysfs={HOST_ROOT}/sys",
-                 f"--web.listen-address=:{ne.port}",
+                 f"--web.listen-address={host}:{ne.port}",
                  # a container sees the node's mounts under /host: these are not the node's own filesystems
                  "--collector.filesystem.mount-points-exclude=^/(dev|proc|run|sys|var/lib/docker/.+)($|/)"),
         mounts=((HOST_ROOT, "/", "bind", True),),
@@ -180,7 +182,7 @@ def exporters_only(sc: StackConfig, stack: str, nodes: tuple[tuple[str, NodePlan
     """The stack's node exporters (every node of every group, unless monitoring.nodeExporter is off); `nodes`:
     (the group's plan name, node) of every node of the stack, group by group."""
     mc = sc.monitoring
-    exporters = tuple(ExporterPlan(n, group, exporter_container(stack, mc), mc.node_exporter.port)
+    exporters = tuple(ExporterPlan(n, group, exporter_container(stack, mc, n.host), mc.node_exporter.port)
                       for group, n in nodes) if mc.node_exporter.enabled else ()  # fmt: skip
     if mc.image != MONITORING_IMAGE:  # the user's own image: pulled like any other
         return MonitoringPlan(stack, mc.image, exporters, None)
@@ -206,15 +208,15 @@ def server(sc: StackConfig, stack: str, node: NodePlan, scrape: list[dict[str, A
     prometheus = Container(
         name=f"{stack}-prometheus", entrypoint=("/usr/bin/prometheus",),
         command=(f"--config.file={ETC}/prometheus.yml", f"--storage.tsdb.path={TSDB}",
-                 f"--storage.tsdb.retention.time={s.retention}", f"--web.listen-address=:{s.prometheus_port}",
-                 "--web.enable-lifecycle"),
+                 # loopback: nothing but an operator (through ssh) reads it (planning/exposure.py)
+                 f"--storage.tsdb.retention.time={s.retention}", f"--web.listen-address={LOOPBACK}:{s.prometheus_port}"),
         mounts=((ETC, f"{directory}/etc", "bind", True), (TSDB, f"{stack}-prometheus", "volume", False), *secrets),
         memory_mib=s.memory_mib,
     )  # fmt: skip
     alertmanager = Container(
         name=f"{stack}-alertmanager", entrypoint=("/usr/bin/prometheus-alertmanager",),
         command=(f"--config.file={SECRETS}/alertmanager.yml", "--storage.path=/tmp/alertmanager",
-                 f"--web.listen-address=:{s.alertmanager_port}", "--cluster.listen-address="),
+                 f"--web.listen-address={LOOPBACK}:{s.alertmanager_port}", "--cluster.listen-address="),
         mounts=secrets[:1], memory_mib=s.alertmanager_memory_mib,
     )  # fmt: skip
     return ServerPlan(
@@ -225,6 +227,6 @@ def server(sc: StackConfig, stack: str, node: NodePlan, scrape: list[dict[str, A
         key_path=key_path, key_create=key_path and secret_file_create(key_path, sudo),
         key_delete=key_path and secret_file_delete(key_path, sudo),
         volume=f"{stack}-prometheus", keep_data=s.keep_data, prometheus=prometheus, alertmanager=alertmanager,
-        prometheus_url=f"http://{node.host}:{s.prometheus_port}", alertmanager_url=f"http://{node.host}:{s.alertmanager_port}",
+        prometheus_url=f"http://{LOOPBACK}:{s.prometheus_port}", alertmanager_url=f"http://{LOOPBACK}:{s.alertmanager_port}",
         group_wait=s.group_wait_seconds, group_interval=s.group_interval_seconds,
     )  # fmt: skip

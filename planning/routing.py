@@ -46,12 +46,14 @@ def worker_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def router_args(r: RouterConfig, workers: list[str]) -> list[str]:
+def router_args(r: RouterConfig, workers: list[str], host: str) -> list[str]:
+    """`host`: the address the router's API and metrics listen on (its node's management address; where Pulumi
+    runs, 127.0.0.1 or router.address: planning/exposure.py)."""
     return [
-        "--host", "0.0.0.0",
+        "--host", host,
         "--port", str(r.port),
         "--policy", r.policy,
-        "--prometheus-host", "0.0.0.0",
+        "--prometheus-host", host,
         "--prometheus-port", str(r.metrics_port),
         "--request-timeout-secs", str(r.request_timeout_seconds),
         "--max-payload-size", str(MAX_PAYLOAD),
@@ -69,12 +71,12 @@ def container_name(stack: str) -> str:
     return f"{stack}-router"
 
 
-def router_spec(r: RouterConfig, stack: str, image: str, key_file: str, workers: list[str]) -> RouterSpec:
+def router_spec(r: RouterConfig, stack: str, image: str, key_file: str, workers: list[str], host: str) -> RouterSpec:
     return RouterSpec(
         container_name=container_name(stack),
         image=image,
         entrypoint=["/bin/sh", "-c", launch_script(), "sglang-router"],
-        args=router_args(r, workers),
+        args=router_args(r, workers, host),
         key_file=key_file,
         labels={"deepseek-spark.stack": stack, "deepseek-spark.role": "router"},
         memory_mib=r.memory_mib,

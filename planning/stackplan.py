@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from . import alerts, budget, clusterplan, commands, fabric, imagebuild, memoryplan, monitoring, nodeplan, plan, prometheus, routing
+from . import alerts, budget, clusterplan, commands, exposure, fabric, imagebuild, memoryplan, monitoring, nodeplan
+from . import plan, prometheus, routing
 from . import gateway as gateway_plan
 from . import guard as guard_plan
 from .budget import NodeBudget
@@ -163,6 +164,10 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
               tuple(b for b in budgets if b.group == i))
         for i, e in enumerate(sc.groups)
     )
+    if sc.router is not None or sc.gateway is not None:  # a group behind the stack's front: its API is an inner port
+        groups = tuple(replace(g, readiness=clusterplan.ReadinessPlan(
+            commands.readiness(e.cfg, g.stack, restart_hint=restart_hint(g.stack, e.name), tunnel=True),
+            g.readiness.timeout_minutes)) for g, e in zip(groups, sc.groups))  # fmt: skip
     if sc.router is None:
         cp = clusterplan.ClusterPlan(stack, groups, None, tuple(None for _ in groups))
         return _monitoring(sc, stack, replace(cp, gateway=_gateway(sc, stack, cp)))
@@ -181,7 +186,7 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
     readiness = clusterplan.ReadinessPlan(
         commands.readiness(cfg, stack, url=url + "/v1"), cfg.readiness.timeout_seconds // 60 + 5
     )
-    spec = routing.router_spec(r, stack, r.image or cfg.image, key_path, workers)
+    spec = routing.router_spec(r, stack, r.image or cfg.image, key_path, workers, node.host if node else host)
     router = clusterplan.RouterPlan(
         node=node,
         group=groups[gi].group_name if node else None,
@@ -214,9 +219,9 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
 
 def _monitoring(sc: StackConfig, stack: str, cp: clusterplan.ClusterPlan) -> clusterplan.ClusterPlan:
     """The stack's node exporters, then (monitoring.server) Prometheus over the stack's scrape configs, which
-    include them, with the stack's alert rules, and Alertmanager."""
+    include them, with the stack's alert rules, and Alertmanager; and every node's exposure (exposure.build)."""
     nodes = tuple((g.stack, n) for g in cp.groups for n in g.nodes)
-    cp = replace(cp, monitoring=prometheus.exporters_only(sc, stack, nodes))
+    cp = replace(cp, monitoring=prometheus.exporters_only(sc, stack, nodes), exposure=_fences(sc, stack))
     if sc.monitoring.server is None:
         return cp
     node = prometheus.server_node(sc, nodes)
@@ -226,6 +231,16 @@ def _monitoring(sc: StackConfig, stack: str, cp: clusterplan.ClusterPlan) -> clu
     server = prometheus.server(sc, stack, node, monitoring.scrape_configs(cp), rules,
                                plan.state_dir(cfg, node.ssh_user), commands.key_sudo(cfg, node.ssh_user))
     return replace(cp, monitoring=replace(cp.monitoring, server=server))
+
+
+def _fences(sc: StackConfig, stack: str) -> tuple[exposure.NodeExposure, ...]:
+    """Every node's exposure (exposure.build) with the commands that put its fence on and take it off."""
+    fw, out = sc.firewall, []
+    ranks = [(e.cfg, rank) for e in sc.groups for rank in range(len(e.cfg.nodes))]
+    for ne, (cfg, rank) in zip(exposure.build(sc, stack), ranks):
+        args = (cfg, rank, stack, ne.table, list(fw.operators), fw.confirm_seconds)
+        out.append(replace(ne, apply=commands.fence(*args), remove=commands.fence(*args, action="remove")))
+    return tuple(out)
 
 
 def _gateway(sc: StackConfig, stack: str, cp: clusterplan.ClusterPlan) -> Optional[GatewayPlan]:

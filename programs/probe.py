@@ -23,9 +23,10 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
-from programs import bootlog
+from programs import bootlog, tunnel
 
 
 def health_url(base_url: str, path: str = "/health") -> str:
@@ -267,13 +268,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-shortfall", choices=["fail", "warn"], default="fail")
     p.add_argument("--restart-hint", default="", help="how to start the group over, said when a rank is down")
     p.add_argument("--health-path", default="/health", help="the unauthenticated health route (LiteLLM: /health/readiness)")
+    p.add_argument("--tunnel", metavar="USER@HOST:PORT", help="reach --url through ssh to this node (an inner port the "
+                   "fence lets only the stack's own parts reach)")
     a = p.parse_args(argv)
     key = os.environ.get(a.key_env, "")
     if not key:
         print(f"readiness: ${a.key_env} is empty; the API key must come through the environment", file=sys.stderr)
         return 2
+    if not a.tunnel:
+        return probe(a, key, a.url)
+    target, port = a.tunnel.rsplit(":", 1)
+    where = urllib.parse.urlsplit(a.url)
+    try:
+        with tunnel.forward(target, int(port), a.ssh_opt, where.hostname, where.port or 80) as local:
+            print(f"readiness: {where.hostname}:{where.port} through ssh to {target} (127.0.0.1:{local})", flush=True)
+            return probe(a, key, tunnel.local_url(a.url, local))
+    except OSError as exc:
+        print(f"readiness: {exc}", flush=True)
+        return 1
+
+
+def probe(a: argparse.Namespace, key: str, url: str) -> int:
     ok = wait_ready(
-        a.url, key, a.model, a.prompt, a.expect, a.timeout, a.interval,
+        url, key, a.model, a.prompt, a.expect, a.timeout, a.interval,
         log=lambda m: print(m, flush=True),
         ranks_down=lambda: with_hint(exited_rank(a.rank, a.ssh_opt, key), a.restart_hint),
         phase=lambda: rank0_phase(a.rank, a.ssh_opt),

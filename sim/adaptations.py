@@ -139,6 +139,21 @@ ADAPTATIONS: list[Adaptation] = [
                "through a stand-in nvidia-container-runtime-hook, which refuses with a set fault's text "
                "(`python -m sim gpu-fault NODE`: a CUDA requirement error) the way the real hook fails a start",
                "no GB10 GPU or ConnectX-7 in a container", "sim/assets/node"),
+    Adaptation("the fence is the REAL nft (Debian's nftables) in each node's own network namespace, but a node has no "
+               "systemd: `systemctl` is a stand-in that enables and disables units under /etc/systemd/system as "
+               "systemd does (WantedBy links), and the node's init (sim-entrypoint) runs the ExecStart= of every "
+               "enabled unit ordered Before=docker.service before it starts the node's docker engine, where a Spark's "
+               "systemd orders them in its boot transaction (After=nftables.service, network-pre.target and "
+               "Conflicts= are not modelled)",
+               "a container has no systemd as PID 1", "sim/assets/node/systemctl, sim/assets/node/sim-entrypoint"),
+    Adaptation("the office network is the cluster's management network, and the host outside every stack is a "
+               "short-lived container there (the node image's Debian nmap for the scan, the engine image's Ray and "
+               "Python for `ray start` and requests); a node's data-plane rails are internal docker networks that "
+               "no such host joins, where an office host could route to a Spark's ConnectX-7 addresses through "
+               "its management address (the fence drops that too: only the group's peers' addresses get in). "
+               "The engine image's Ray is 2.49.2, which has no token auth (2.52 and later): on the sim only the "
+               "fence keeps a host out of the Ray cluster",
+               "no office network or second site here", "sim/outsider.py, sim/rootfs.py"),
     Adaptation("the ConnectX-7 twins are veths on two docker bridge networks per cluster (rail A 10.X.1.0/24, "
                "rail B 10.X.2.0/24, MTU 9000, internal) and the 10 GbE NIC a veth on the management network; "
                "the nodes rename them enP7s7/enp1s0f1np1/enP2p1s0f1np1 at boot. Link state and MTU are real "

@@ -33,7 +33,7 @@ from .rootfs import (ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS, NODE_ROOT
                      build_rootfs, cache_dir, ensure_base, rootfs_path)
 from .testdouble import engram
 
-SIM_VERSION = "4"  # bump when a node built from an older image must be re-created (cluster.create does)
+SIM_VERSION = "5"  # bump when a node built from an older image must be re-created (cluster.create does)
 ASSETS = Path(__file__).parent / "assets"
 TESTDOUBLE = Path(__file__).parent / "testdouble"
 # the node's copies of sim modules, as the package dspark_sim (relative imports only): the fabric model and what
@@ -116,7 +116,7 @@ def node_overlay(rootfs_key: str) -> Overlay:
         ov.add(f"{NODE_PACKAGE}/{path.name}", path.read_bytes())
     ov.add("usr/local/sbin/sim-meminfo", MEMINFO.read_bytes(), 0o755)
     ov.add("usr/sbin/sysctl", (a / "sysctl").read_bytes(), 0o755)  # over procps' (see the stand-in's header)
-    for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "ib_write_bw", "nvidia-container-runtime-hook"):
+    for name in ("nvidia-smi", "ethtool", "ibdev2netdev", "ib_write_bw", "nvidia-container-runtime-hook", "systemctl"):
         ov.add(f"usr/local/bin/{name}", (a / name).read_bytes(), 0o755)
     ov.add("etc/ssh/sshd_config.d/10-dspark-sim.conf", (a / "sshd-sim.conf").read_bytes())
     ov.add("etc/motd", b"dspark-sim: SIMULATED DGX Spark node (container). Nothing here is real hardware.\n")

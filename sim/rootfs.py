@@ -153,9 +153,10 @@ class RootfsSpec:
 
 
 # iputils-ping: the real ping (no-fragment pings at the rail MTU); ethtool: the real one, which the
-# ethtool stand-in hands every interface and option it does not model to
+# ethtool stand-in hands every interface and option it does not model to; nftables: the real nft, the fence's;
+# nmap: the outsider's scan (sim/outsider.py, which runs the node image)
 NODE_ROOTFS = RootfsSpec("node", ("openssh-server", "docker.io", "python3", "iproute2", "procps",
-                                  "sudo", "ca-certificates", "iputils-ping", "ethtool"))
+                                  "sudo", "ca-certificates", "iputils-ping", "ethtool", "nftables", "nmap"))
 ENGINE_ROOTFS = RootfsSpec("engine", ("python3",), wheels=ENGINE_WHEELS)
 
 

@@ -13,7 +13,7 @@ for p in (ROOT, TESTS):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from e2e.timings import HEALS, SCRAPES, TIMINGS  # noqa: E402  (needs the path above)
+from e2e.timings import EXPOSURE, HEALS, SCRAPES, TIMINGS  # noqa: E402  (needs the path above)
 
 # What holds state another worker would trip over runs whole on one worker, in collection order; everything
 # else is spread over the workers test by test. The e2e tier and tests/sim use apart clusters (own names and
@@ -45,8 +45,9 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_sessionfinish(session):
     """On an xdist worker: hand what the e2e tier recorded to the controller, which prints it."""
     out = getattr(session.config, "workeroutput", None)
-    if out is not None and (TIMINGS or HEALS or SCRAPES):
-        out["dspark_figures"] = json.dumps({"timings": TIMINGS, "heals": HEALS, "scrapes": SCRAPES})
+    if out is not None and (TIMINGS or HEALS or SCRAPES or EXPOSURE):
+        out["dspark_figures"] = json.dumps({"timings": TIMINGS, "heals": HEALS, "scrapes": SCRAPES,
+                                            "exposure": EXPOSURE})
 
 
 @pytest.hookimpl(optionalhook=True)  # defined by pytest-xdist: a worker is done
@@ -55,6 +56,7 @@ def pytest_testnodedown(node, error):
     TIMINGS.update(figures.get("timings", {}))
     HEALS.update(figures.get("heals", {}))
     SCRAPES.update({k: tuple(v) for k, v in figures.get("scrapes", {}).items()})
+    EXPOSURE.update(figures.get("exposure", {}))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -71,6 +73,10 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{'stack job target':55s} {'seconds':>8s} {'samples':>8s}")
         for name, (seconds, samples) in SCRAPES.items():
             terminalreporter.write_line(f"{name:55s} {seconds:8.4f} {samples:8.0f}")
+    if EXPOSURE:
+        terminalreporter.section("from a host on the management network that belongs to no stack")
+        for name, seen in EXPOSURE.items():
+            terminalreporter.write_line(f"{name:55s} {seen}")
     if HEALS:
         terminalreporter.section("self-healing: seconds after the fault (no command run)")
         cols = ("detected", "restarted", "serving", "answering")

@@ -317,6 +317,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--role", choices=("leader", "follower"), required=True)
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--bind", default="127.0.0.1", help="the address to listen on (the node's management address: "
+                   "planning/exposure.py)")
     p.add_argument("--state-dir", required=True)
     p.add_argument("--token-file", required=True)
     p.add_argument("--container", required=True, help="this node's rank container, by the ID Pulumi created it with")
@@ -332,7 +334,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     a = parse(argv)
     g = Guard(a)
-    server = ThreadingHTTPServer(("0.0.0.0", a.port), handler(g))
+    server = ThreadingHTTPServer((a.bind, a.port), handler(g))
     server.daemon_threads = True
 
     def on_term(*_):
@@ -341,7 +343,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    log(f"{a.role} of group {a.group} on {a.node} (rank {a.rank}, container {a.container[:12]}), port {a.port}")
+    log(f"{a.role} of group {a.group} on {a.node} (rank {a.rank}, container {a.container[:12]}), {a.bind}:{a.port}")
     if g.leader is not None:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         g.lead()

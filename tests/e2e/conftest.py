@@ -149,6 +149,8 @@ def project(sim, engine, tmp_path_factory, request, alert_sink):
     """The module's STACK as a user sets it up: stack init, a fresh API key and the sim's ssh key as
     secret config (and, with a monitoring server, the webhook as alertWebhook), a local file backend, the
     passphrase secrets provider (or the previous module's)."""
+    from sim import cluster as sim_cluster
+
     stack = request.module.STACK
     shared = _SHARED.pop("project", None)
     if shared is not None and shared.stack == stack and getattr(request.module, "USES_PREVIOUS_STACK", False):
@@ -157,11 +159,12 @@ def project(sim, engine, tmp_path_factory, request, alert_sink):
         api_key = "sk-e2e-" + secrets.token_hex(20)
         given = {"apiKey": api_key, "sshPrivateKey": Path(sim.private_key).read_text()}
         if has_monitoring_server(stack):  # the nodes reach this machine at their network's gateway
-            from sim import cluster as sim_cluster
-
             given["alertWebhook"] = alert_sink.url(sim_cluster.plan(CLUSTER, len(sim.nodes)).gateway)
         p = PulumiProject.create(tmp_path_factory.mktemp(f"pulumi-{stack}"), stack, engine, secrets=given,
                                  cluster=CLUSTER)
+        # this machine reads the guards', exporters' and engines' metrics as a team's Prometheus would (what the
+        # config opens on purpose); the outsider (sim/outsider.py) stays outside every source
+        p.set_config("cluster.firewall.scrapers[0]", sim_cluster.plan(CLUSTER, len(sim.nodes)).gateway)
         p.api_key, p.webhook = api_key, given.get("alertWebhook")
     yield p
     if getattr(request.module, "SHARE_WITH_NEXT", False):
@@ -174,6 +177,9 @@ def pytest_sessionfinish(session):
 
         sim_cluster.delete(CLUSTER, log=lambda m: None)
         _SHARED.clear()
+    from e2e.observing import TUNNELS
+
+    TUNNELS.close()
     if _OTHERS:  # the tier never deletes, recreates or restarts a cluster it did not make
         now = node_containers()
         gone = sorted(name for name, cid in _OTHERS.items() if now.get(name) != cid)

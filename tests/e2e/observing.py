@@ -8,6 +8,7 @@ Alertmanager posts a JSON document per notification (its webhook_config): `statu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -90,6 +91,25 @@ class AlertSink:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+TUNNELS = contextlib.ExitStack()  # the operator's ssh tunnels of the run (closed at its end: conftest)
+
+
+def prometheus(outputs: dict, cluster: str) -> str:
+    """Prometheus's URL from here. It listens on its node's loopback (planning/exposure.py): an operator comes in
+    through ssh, as `dspark` does; the tunnel stays open for the rest of the run."""
+    from programs import tunnel
+    from sim import cluster as sim_cluster
+
+    node = outputs["monitoring"]["node"]
+    host = outputs["exposure"][node]["host"]
+    ssh = sim_cluster.ssh_info(cluster)
+    opts = ["-i", str(ssh.private_key), "-o", f"UserKnownHostsFile={ssh.known_hosts}", "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=yes"]  # fmt: skip
+    port = urllib.parse.urlsplit(outputs["monitoring"]["prometheus"]).port
+    local = TUNNELS.enter_context(tunnel.forward(f"root@{host}", 22, opts, "127.0.0.1", port))
+    return f"http://127.0.0.1:{local}"
 
 
 def api(prometheus: str, path: str, **params: str) -> dict:

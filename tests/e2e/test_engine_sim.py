@@ -27,7 +27,7 @@ from e2e.conftest import (
 )  # fmt: skip
 from declared.stack import parse_stack
 from dspark import dashboard
-from e2e import observing
+from e2e import exposure, observing
 from e2e.timings import TIMINGS
 from planning import launch, stackplan
 from programs import bootlog
@@ -130,11 +130,30 @@ def test_second_up_changes_nothing(first, project):
     assert containers_of(STACK) == before_ranks and shard_mtimes() == before_shards
 
 
+def test_from_outside_only_ssh_and_the_endpoint_answer_and_the_fence_is_what_the_plan_says(first, project):
+    """A host on the management network that belongs to no stack: ssh on every node and the endpoint on the head,
+    nothing else; no anonymous chat; Alertmanager (loopback) cannot even be reached for a silence. On every node
+    the live table is the one the fence confirmed, its boot unit enabled before docker."""
+    from sim import outsider
+
+    outputs = project.outputs()
+    exposure.check_closed(CLUSTER, STACK, outputs)
+    silence = '{"matchers": [{"name": "alertname", "value": ".*", "isRegex": true}], "startsAt": "2026-01-01T00:00:00Z", ' \
+              '"endsAt": "2030-01-01T00:00:00Z", "createdBy": "outsider", "comment": "quiet"}'
+    status, _ = outsider.http(CLUSTER, "POST", at("http://172.30.99.11:9093/api/v2/silences"), silence,
+                              {"Content-Type": "application/json"})  # fmt: skip
+    assert status == 0, status  # nothing answers: Alertmanager is on spark1's loopback, and the fence drops the rest
+    for node in NODES:
+        live = node_sh(node, "nft list table inet dspark_sim")
+        assert live == node_sh(node, "cat /etc/deepseek-spark/fence-sim.live"), node
+        assert "policy drop" in live and node_sh(node, "systemctl is-enabled deepseek-spark-fence-sim.service").strip() == "enabled"
+
+
 def test_prometheus_scrapes_every_target_and_every_panel_reads_data(first, project):
     """monitoring.server: the REAL Prometheus (Debian's) scrapes exactly the `prometheus` output's targets, each
     `up == 1` through its HTTP API, and every query of the stack's dashboard returns series from it."""
     outputs = project.outputs()
-    prom = outputs["monitoring"]["prometheus"]
+    prom = observing.prometheus(outputs, CLUSTER)
     client, model = openai_client(first.env)
     stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Who are you?"}],
                                             max_tokens=16, stream=True)  # a streamed answer of several tokens: the

@@ -218,6 +218,23 @@ def test_diagnose_with_a_node_stopped_completes_and_names_it(up, project, tmp_pa
     healing.wait_guard(at("http://172.30.99.11:9850"), lambda s: s["state"] == "serving", timeout=180, what="serve")
 
 
+def test_a_fence_that_would_cut_the_operators_ssh_is_refused_and_every_node_stays_reachable(up, project):
+    """firewall.operators without this machine: the `up` stops at the first node before changing its rules,
+    naming the address and the fix; every node keeps the fence it had, and ssh still gets in."""
+    before = {node: node_sh(node, "nft list table inet dspark_sim") for node in NODES}
+    project.set_config("cluster.firewall.operators[0]", "10.250.0.0/16")
+    try:
+        run = project.up()
+        assert run.code != 0 and "refused, nothing changed on the node" in run.text, run.text[-3000:]
+        assert "add " + at("172.30.99.1") + " to cluster.firewall.operators" in run.text, run.text[-3000:]
+        assert {node: node_sh(node, "nft list table inet dspark_sim") for node in NODES} == before
+    finally:
+        project.cli("config", "rm", "--path", "deepseek-spark:cluster.firewall.operators").check()
+    project.up().check()
+    code, out = dspark(project, "smoke")
+    assert code == 0, out
+
+
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):
     shards = shard_mtimes()
     project.timed("sim: destroy", project.destroy()).check()

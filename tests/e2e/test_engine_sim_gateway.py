@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from dspark import dashboard
-from e2e import observing
+from e2e import exposure, observing
 from e2e.conftest import (
     CLUSTER, at, containers_of, dspark, monitoring_of, node_sh, openai_client, read_diagnose, resources_summary, secret_forms,
 )  # fmt: skip
@@ -197,7 +197,7 @@ def test_prometheus_scrapes_every_target_and_a_member_past_the_budget_raises_the
     """The stack's REAL Prometheus reads the gateway with its metrics key and sees every target up; carol's budget,
     used up above, reaches the webhook naming her; every dashboard panel reads data."""
     _, outputs, _, _, _ = first
-    prom = outputs["monitoring"]["prometheus"]
+    prom = observing.prometheus(outputs, CLUSTER)
     t0 = time.time()
     up = observing.wait_every_target_up(prom, outputs)
     assert {s["metric"]["role"] for s in up} == {"engine", "guard", "gateway", "node"}
@@ -343,6 +343,20 @@ def test_diagnose_holds_the_gateway_and_none_of_its_secrets(first, project, tmp_
                    *(c["api_key"] for c in outs["member_configs"].values())):  # fmt: skip
         assert not any(form in blob for form in secret_forms(secret)), "a secret of the team stack in the support file"
     assert json.loads(m["diagnose.json"])["redaction"]["gateway-db-password"]["values_known"] == 1
+
+
+def test_from_outside_only_ssh_and_the_gateway_answer_and_no_host_joins_ray(first, project):
+    """From a host on the management network that belongs to no stack: ssh on both nodes and the gateway on
+    spark1, nothing else: vLLM's own port (with /invocations, which its key does not guard) and Ray's are the
+    stack's own, so member keys, revocation and budgets cannot be walked around; no host joins Ray."""
+    from sim import outsider
+
+    outputs = project.outputs()
+    exposure.check_closed(CLUSTER, STACK, outputs)
+    chat = '{"model": "%s", "messages": [{"role": "user", "content": "What is 19 + 23?"}]}' % outputs["model"]
+    assert outsider.http(CLUSTER, "POST", at("http://172.30.99.11:8000/invocations"), chat)[0] == 0
+    code, text = outsider.ray_join(CLUSTER, at("172.30.99.11:6379"))
+    assert "Ray runtime started" not in text, text
 
 
 def test_second_up_changes_nothing(first, project):

@@ -22,9 +22,9 @@ import openai
 import pytest
 
 from e2e.conftest import (
-    ask, at, client_env, container_events, containers_of, first_event, monitoring_of, node_sh, openai_client,
+    CLUSTER, ask, at, client_env, container_events, containers_of, first_event, monitoring_of, node_sh, openai_client,
 )  # fmt: skip
-from e2e import healing, observing
+from e2e import exposure, healing, observing
 from e2e.conftest import dspark, resources_summary
 from e2e.timings import TIMINGS
 
@@ -206,10 +206,17 @@ def test_every_prometheus_target_serves_the_series_the_dashboard_reads(first, pr
     assert [p["title"] for p in doc["panels"] if p["type"] == "row"] == [
         "Router", "Engines (sglang)", "Self-healing guard", "Fabric", "Node memory"]
     # the REAL Prometheus the stack runs (monitoring.server) scrapes each of them, and each panel reads data there
-    prom = outputs["monitoring"]["prometheus"]
+    prom = observing.prometheus(outputs, CLUSTER)
     observing.wait_every_target_up(prom, outputs)
     observing.record_scrape_costs(prom, STACK)
     observing.wait_panels(prom, doc)
+
+
+def test_from_outside_only_ssh_and_the_router_answer(first, project):
+    """From a host on the management network that belongs to no stack: ssh on every node and the router on
+    spark1, nothing else (both groups' engines, the rendezvous, the router's metrics, the guards, the exporters
+    are the stack's own); no anonymous chat through the router."""
+    exposure.check_closed(CLUSTER, STACK, project.outputs())
 
 
 def test_second_up_changes_nothing(first, project):

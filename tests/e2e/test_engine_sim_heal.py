@@ -115,6 +115,13 @@ def test_every_node_losing_power_at_once_heals(up, project):
 
     h = heal(project, up, "all nodes power-cut", power_cut, ("rank-exited", "node-lost"))
     assert "a reboot or a power loss" in h["detail"], h
+    for node in ("spark1", "spark2", "spark3"):  # each node's own boot: the fence came before docker, and so
+        boot = node_sh(node, "cat /var/log/sim-boot.log").splitlines()  # before any container of ours
+        last = max(i for i, line in enumerate(boot) if line.endswith("started deepseek-spark-fence-sim.service "
+                                                                     "before docker.service"))  # fmt: skip
+        assert boot[last + 1:last + 2] and boot[last + 1].endswith("starting docker.service"), boot[-4:]
+        assert float(boot[last].split()[0]) <= float(boot[last + 1].split()[0])
+        assert "policy drop" in node_sh(node, "nft list table inet dspark_sim")
     no_change_no_drift(project)
 
 

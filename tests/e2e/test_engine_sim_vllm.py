@@ -13,12 +13,13 @@ import urllib.request
 import openai
 import pytest
 
+from e2e import exposure
 from e2e.conftest import (
-    ask, at, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client, read_diagnose,
+    CLUSTER, ask, at, client_env, container_events, containers_of, dspark, first_event, node_sh, openai_client, read_diagnose,
     resources_summary, secret_forms,
 )  # fmt: skip
 from e2e import healing
-from e2e.timings import TIMINGS
+from e2e.timings import EXPOSURE, TIMINGS
 
 pytestmark = pytest.mark.e2e
 STACK = "sim-tp2"
@@ -54,6 +55,25 @@ def test_first_up_serves_through_ray(first, project):
         kib = int(node_sh(node, f"docker exec {rank} df -k --output=size /dev/shm").split()[-1])
         assert kib >= 1024 * 1024, (rank, kib)
         assert "/dev/shm has only" not in node_sh(node, f"docker logs {rank} 2>&1"), rank
+
+
+def test_from_outside_only_ssh_and_the_endpoint_answer_and_no_host_joins_ray(first, project):
+    """A host on the management network that belongs to no stack: ssh and vLLM's port on the head, ssh on the
+    worker, nothing else (Ray's GCS, raylets and workers, the rendezvous: the group's data plane only); `ray start
+    --address=<head>:<rayPort>` from there does not join; what vLLM leaves unguarded on its port is recorded."""
+    from sim import outsider
+
+    outputs = project.outputs()
+    exposure.check_closed(CLUSTER, STACK, outputs)
+    code, text = outsider.ray_join(CLUSTER, at("172.30.99.11:6379"))
+    assert "Ray runtime started" not in text, text
+    alive = "import ray; ray.init(address='auto'); print(len([n for n in ray.nodes() if n['Alive']]))"
+    joined = node_sh("spark1", f'docker exec {HEAD} python3 -c "{alive}"', check=False)
+    assert joined.strip().splitlines()[-1:] == ["2"], joined  # the group's two nodes, no third
+    base = outputs["endpoint"].removesuffix("/v1")
+    chat = '{"model": "%s", "messages": [{"role": "user", "content": "What is 19 + 23?"}]}' % outputs["model"]
+    status, text = outsider.http(CLUSTER, "POST", base + "/invocations", chat)
+    EXPOSURE[f"{STACK} anonymous POST /invocations (vLLM straight to clients)"] = f"{status} {text[:60]}"
 
 
 def test_streaming_auth_on_v1_only(first):

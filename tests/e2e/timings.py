@@ -6,3 +6,6 @@ TIMINGS: dict[str, float] = {}
 HEALS: dict[str, dict[str, float]] = {}
 # Prometheus's scrape of each target: "<stack> <job> <host:port>" -> (seconds of its last scrape, samples it served).
 SCRAPES: dict[str, tuple[float, float]] = {}
+# What a host on the management network that belongs to no stack saw (tests/e2e/exposure.py):
+# "<stack> <phase> <node> <port>" -> the listener the plan names there; "<stack> anonymous GET <path>" -> its status.
+EXPOSURE: dict[str, str] = {}

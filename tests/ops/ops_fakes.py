@@ -4,6 +4,7 @@ endpoint on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -51,6 +52,7 @@ class FakeNode:
     meminfo: tuple[int, int, int] = (124620, 118000, 900)  # MemTotal, MemAvailable, Cached in MiB
     gateway_admin: dict[str, tuple[int, str]] = field(default_factory=dict)  # keys|usage -> gateway_admin.py's reply
     texts: dict[str, str] = field(default_factory=dict)  # path -> content: what `cat` reads (the guard's journal)
+    fence: str = "fence live=present saved=same boot=ok"  # what the doctor's fence check reads (as planned)
 
 
 class FakeCluster:
@@ -133,6 +135,8 @@ class FakeCluster:
         if len(argv) == 2 and argv[0] == "cat":  # the guard's journal
             text = node.texts.get(argv[1])
             return (0, text) if text is not None else (1, f"cat: {argv[1]}: No such file or directory\n")
+        if script.endswith('echo "fence live=$l saved=$s boot=$b"'):  # the node's fence (dspark doctor)
+            return 0, node.fence + "\n"
         if script.startswith('echo "token $('):  # the guard's files (dspark doctor)
             token = re.search(r"stat -c \"%a %s\" (\S+)", script).group(1)
             archive = re.search(r"sha256sum (\S+)", script).group(1)
@@ -149,6 +153,15 @@ class FakeCluster:
             node.texts[shlex.split(m.group(2))[0]] = ""
             return 0, ""
         raise AssertionError(f"unexpected script: {script[:200]!r}")
+
+    @contextlib.contextmanager
+    def forward(self, target: str, port: int, ssh_opts: list[str], host: str, remote_port: int):
+        """A tunnel through a fake node to its inner port: the fake endpoints listen on this machine's loopback, so
+        the tunnel's local end is the port itself (recorded like a command)."""
+        with self.lock:
+            self.calls.append((target, port, list(ssh_opts), f"ssh -N -L {host}:{remote_port}"))
+        assert host == "127.0.0.1", host  # nothing leaves this machine
+        yield remote_port
 
     def hosts_called(self) -> set[str]:
         return {t.partition("@")[2] for t, *_ in self.calls}

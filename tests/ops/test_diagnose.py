@@ -115,7 +115,7 @@ def diagnose(tmp_path: Path, monkeypatch, stack: str, fake, pulumi_answers: dict
     out, err = io.StringIO(), io.StringIO()
     t0 = time.monotonic()
     code = main(["diagnose", "--stack", stack, "--project-dir", str(project), "--out", str(target), *extra],
-                runner=fake, out=out, err=err)  # fmt: skip
+                runner=fake, out=out, err=err, forward=fake.forward)  # fmt: skip
     took = time.monotonic() - t0
     assert code == 0, err.getvalue()
     assert target.stat().st_mode & 0o777 == 0o600

@@ -218,7 +218,8 @@ def team_status(tmp_path, gateway_ready: bool = True, running: tuple[str, ...] =
         data = json.loads(path.read_text())
         data["gateway"] = {"endpoint": gw.base_url, "upstream": group.base_url, "members": ["alice", "bob"]}
         path.write_text(json.dumps(data))
-        code, out, _ = run(args("status", "sim-team", str(path), ROOT, *([] if text else ["--json"])), runner=fake)
+        code, out, _ = run(args("status", "sim-team", str(path), ROOT, *([] if text else ["--json"])), runner=fake,
+                           forward=fake.forward)  # fmt: skip
     return code, (out if text else json.loads(out)), group.base_url, gw.base_url
 
 
