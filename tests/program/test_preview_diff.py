@@ -168,9 +168,9 @@ def test_an_unchanged_config_previews_no_changes(baseline):
     steps = plan_steps(baseline, again)
     assert {s.op for s in steps.values()} == {"same"}
     # 4 x (docker provider, preflight, image, volume, compile cache, engram shard, argcheck, memory gate, rank,
-    # guard archive, guard token file, guard, monitoring image build, monitoring image, node exporter) + export,
-    # api key file, image agreement, group generation, fabric gate, readiness, the guard's token
-    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 15 + 7
+    # guard archive, guard token file, guard, monitoring image build, monitoring image, node exporter, fence) +
+    # export, api key file, image agreement, group generation, fabric gate, readiness, the guard's token
+    assert len(steps) == len([r for r in baseline.resources if r.custom]) == 4 * 16 + 7
 
 
 def test_the_model_catches_a_forced_replacement():
@@ -262,8 +262,11 @@ def test_a_new_worker_address_updates_the_export_in_place_and_replaces_the_group
     group = {"tp4-sglang-generation", "tp4-sglang-fabric-check", "tp4-readiness-check"}
     group |= {f"tp4-sglang-rank{i}-memory" for i in range(4)} | {"tp4-image-agree"}
     assert by_op(steps, "replace") == {f"tp4-sglang-rank{i}" for i in range(4)} | group | preflights | GUARDS
-    # the export's create changed, its triggers did not; rank 3's argcheck runs with its new HOST_IP
-    assert by_op(steps, "update") == {"tp4-checkpoint-export", "tp4-sglang-rank3-argcheck"}
+    # the export's create changed, its triggers did not; rank 3's argcheck runs with its new HOST_IP; the other
+    # nodes' fences let the new address in as a peer (spark4's own lists only its peers: unchanged)
+    fences = {f"tp4-fence-spark{i}" for i in range(1, 4)}
+    assert by_op(steps, "update") == {"tp4-checkpoint-export", "tp4-sglang-rank3-argcheck"} | fences
+    assert all("10.0.22.14" in s.resource.inputs["stdin"] for s in steps.values() if s.resource.name in fences)
     export = next(s for s in steps.values() if s.resource.name == "tp4-checkpoint-export")
     assert export.changed == ["create"] and "10.0.22.14(ro," in export.resource.inputs["create"]
     assert not any(s.op != "same" for s in steps.values() if s.resource.type in (VOLUME, IMAGE))

@@ -339,15 +339,15 @@ def test_components_follow_naming_and_tokens(rec, stack):
     assert {r.type for r in comps} == {
         f"deepseek-spark:index:{c}"
         for c in ("DeepSeekCluster", "SparkNode", "CheckpointShare", "ServingImage", "CompileCaches", "Readiness",
-                  "FabricGate", "Guard", "Monitoring", *engine)
+                  "FabricGate", "Guard", "Monitoring", "Fence", *engine)
     }  # fmt: skip
     by_urn = {r.urn: r for r in rec.resources}
     for r in rec.resources:
         if r.type == "deepseek-spark:index:DeepSeekCluster":
             assert r.name == stack
             continue
-        if r.type == "deepseek-spark:index:Monitoring":  # the stack's, beside its groups
-            assert r.name == f"{stack}-monitoring" and r.parent not in by_urn
+        if r.type in ("deepseek-spark:index:Monitoring", "deepseek-spark:index:Fence"):  # the stack's, beside its groups
+            assert r.name == f"{stack}-{r.type.rsplit(':', 1)[1].lower()}" and r.parent not in by_urn
             continue
         parent = by_urn[r.parent]
         assert r.name.startswith(parent.name + "-"), f"{r.name} not named after its parent {parent.name}"

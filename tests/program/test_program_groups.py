@@ -147,7 +147,8 @@ def test_one_group_stacks_have_no_router_and_keep_their_names():
     assert rec.named("tp4-sglang-generation") and rec.named("tp4-readiness-check")
     assert all(r.inputs["command"].count("--enable-metrics") == 1 for r in rec.ranks())  # observed by default
     assert set(rec.outputs) == {"endpoint", "model", "api_key", "nodes", "memory_plan", "group_revision", "groups",
-                                "boot", "fabric", "prometheus", "alert_rules", "client_config", "monitoring"}  # fmt: skip
+                                "boot", "fabric", "prometheus", "alert_rules", "client_config", "monitoring",
+                                "exposure"}  # fmt: skip
     jobs = {c["job_name"]: c for c in rec.outputs["prometheus"]["scrape_configs"]}
     assert set(jobs) == {"tp4-engine", "tp4-guard", "tp4-node"}  # no router: rank 0, the guards, the node exporters
     assert jobs["tp4-engine"]["static_configs"] == [{"targets": ["10.0.0.1:8888"], "labels": {

@@ -36,7 +36,7 @@ def test_head_serves_vllm_with_the_seed_flags(rec):
     assert flag(args, "--distributed-executor-backend") == "ray"
     assert flag(args, "--kv-cache-dtype") == "fp8_ds_mla"
     assert flag(args, "--max-model-len") == "131072"
-    assert flag(args, "--port") == "8000" and flag(args, "--host") == "0.0.0.0"
+    assert flag(args, "--port") == "8000" and flag(args, "--host") == "10.0.0.1"  # the head's management address
     assert "--api-key" not in args
     wrapper = head.inputs["entrypoints"][2]
     assert 'ray start --head --port "$RAY_PORT"' in wrapper and 'export VLLM_API_KEY="$(cat' in wrapper
@@ -47,7 +47,11 @@ def test_worker_joins_the_head_over_the_fabric(rec):
     head, worker = containers(rec)
     assert worker.provider_urn == rec.named("tp2-spark2-docker").urn
     assert worker.inputs["command"] == ["ray", "start", "--block", "--address", "10.0.22.1:6379",
-                                        "--node-ip-address", "10.0.22.2", "--num-gpus", "1", "--disable-usage-stats"]  # fmt: skip
+                                        "--node-ip-address", "10.0.22.2", "--num-gpus", "1", "--disable-usage-stats",
+                                        "--node-manager-port", "6380", "--object-manager-port", "6381",
+                                        "--runtime-env-agent-port", "6382", "--metrics-export-port", "6383",
+                                        "--min-worker-port", "6390", "--max-worker-port", "6479",
+                                        "--dashboard-host", "127.0.0.1"]  # fmt: skip
     assert "VLLM_API_KEY" not in worker.inputs["entrypoints"][2]
 
 

@@ -64,7 +64,13 @@ def test_tp2_vllm_ray_binds_the_data_plane():
     head, worker = plan.vllm_specs(cfg, "tp2")
     assert head.env["VLLM_HOST_IP"] == "10.0.22.1" and head.env["RAY_ADDRESS"] == "10.0.22.1:6379"
     assert worker.args[worker.args.index("--node-ip-address") + 1] == "10.0.22.2"
-    assert plan.rank_checks(cfg, head)[0] == ("ray", launch.ray_head_args("6379", "10.0.22.1"))
+    assert plan.rank_checks(cfg, head)[0] == ("ray", launch.ray_head_args(cfg, "6379", "10.0.22.1"))
+    # Ray's own ports on both nodes pinned to serving.rayPorts (what the fence lets the peer reach), its dashboard
+    # on loopback
+    for args in (launch.ray_head_args(cfg, "6379", "10.0.22.1"), worker.args):
+        pinned = dict(zip(args[::1], args[1::1]))
+        assert pinned["--node-manager-port"] == "6380" and pinned["--max-worker-port"] == "6479"
+        assert pinned["--dashboard-host"] == "127.0.0.1"
 
 
 def test_a_triangle_without_bootstrap_management_is_refused_naming_the_fix():
