@@ -25,6 +25,7 @@ Every log line goes through :func:`emit` (one whole line per event, never interl
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -34,7 +35,7 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Iterator
 
 from .metric_families import EngineMetrics
 
@@ -167,6 +168,15 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
         def _body(self, body: bytes) -> None:
             if self.command != "HEAD":
                 self.wfile.write(body)
+
+        def start_stream(self) -> None:
+            """The head of a server-sent event stream, as the engines send it: 200, no cache, closed at its end."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
 
         def send_json(self, code: int, obj) -> None:
             body = json.dumps(obj).encode()
@@ -324,12 +334,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                 return self.send_json(200, {
                     "id": cid, "object": "chat.completion" if chat else "text_completion", "created": created,
                     "model": model, "choices": [choice], "usage": usage})
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            self.start_stream()
 
             def chunk(delta, finish=None, use=None):
                 part = {"delta": delta} if chat else {"text": delta.get("content", "")}
@@ -369,12 +374,7 @@ def make_handler(api: Api) -> type[BaseHTTPRequestHandler]:
                 if m:
                     m.answer(r, usage["completion_tokens"])
                 return self.send_json(200, obj(answer, usage["completion_tokens"], True))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            self.start_stream()
             words = answer.split(" ")
             for i in range(len(words)):
                 if i:
@@ -418,3 +418,22 @@ def serve_local(handler: type[BaseHTTPRequestHandler], host: str = "127.0.0.1") 
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd, f"http://{host}:{httpd.server_address[1]}"
+
+
+@contextlib.contextmanager
+def local_servers(host: str = "127.0.0.1") -> Iterator[Callable[[type[BaseHTTPRequestHandler]], str]]:
+    """start(handler) -> base URL of a double's HTTP API served in this process (serve_local); every server
+    started is stopped on leaving (tests' fixtures)."""
+    started: list[ThreadingHTTPServer] = []
+
+    def start(handler: type[BaseHTTPRequestHandler]) -> str:
+        httpd, base = serve_local(handler, host)
+        started.append(httpd)
+        return base
+
+    try:
+        yield start
+    finally:
+        for httpd in started:
+            httpd.shutdown()
+            httpd.server_close()

@@ -76,17 +76,9 @@ def call(base: str, method: str, path: str, authorization: str | None = None) ->
 
 @pytest.fixture()
 def serve():
-    started = []
-
-    def start(handler) -> str:
-        httpd, base = openai_api.serve_local(handler)
-        started.append(httpd)
-        return base
-
-    yield start
-    for httpd in started:
-        httpd.shutdown()
-        httpd.server_close()
+    """serve(handler) -> base URL; every server stopped at the end."""
+    with openai_api.local_servers() as start:
+        yield start
 
 
 def served(status: int) -> str:

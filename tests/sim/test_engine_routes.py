@@ -55,17 +55,8 @@ def content(text: str) -> str:
 @pytest.fixture()
 def serve():
     """serve(handler) -> base URL; every server stopped at the end."""
-    started = []
-
-    def start(handler):
-        httpd, base = openai_api.serve_local(handler)
-        started.append(httpd)
-        return base
-
-    yield start
-    for httpd in started:
-        httpd.shutdown()
-        httpd.server_close()
+    with openai_api.local_servers() as start:
+        yield start
 
 
 def vllm(serve, *extra: str, env: dict | None = None) -> str:
