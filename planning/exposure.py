@@ -34,6 +34,10 @@ RSYNC_SEED_PORT = 8730  # planning.commands.SEED_PORT (the head's checkpoint see
 GATE_PORT = 18515  # programs/fabricgate.py: ib_write_bw's server, one port per rail from here
 NFS_PORT = 2049  # NFSv4: the head's kernel nfsd (share.mode nfs)
 RAY_RANGE = 100  # serving.rayPorts: how many ports from it Ray's processes take on every node
+# The ConnectX-7's netdevs on every DGX Spark: both ports, both PCI-domain twins (enp1s0f1np1, enP2p1s0f1np1, ...).
+# Each twin has an address of its own that only the node finds (at rank start), so the fence lets in what arrives
+# on these, the data plane (direct cables or the group's own switch), rather than a list of the twins' addresses.
+DATA_PLANE_IFNAMES = ("enp1s0f*", "enP2p1s0f*")
 
 # who may reach a listener: the names the plan uses, and what each holds
 SOURCES = {
@@ -76,6 +80,7 @@ class NodeExposure:
     sets: tuple[tuple[str, tuple[str, ...]], ...]  # source name -> addresses (IPv4, CIDR)
     opened: tuple[tuple[int, tuple[str, ...], str], ...] = ()  # firewall.open: (port, sources, why)
     enabled: bool = True  # firewall.enabled
+    data_plane: tuple[str, ...] = ()  # interface names (nft wildcards) whose traffic is the group's peers'
     ruleset: str = field(default="", compare=False)  # the fence (render), set by build
     apply: str = ""  # where Pulumi runs: the fence onto the node, never locking the operator out (commands.fence)
     remove: str = ""  # ... and off it (destroy)
@@ -250,6 +255,12 @@ def _peers(cfg: ClusterConfig, rank: int) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
+def _data_plane(cfg: ClusterConfig) -> tuple[str, ...]:
+    """The interfaces of the group's data plane: the pinned socket interfaces, and the ConnectX-7's twins."""
+    pinned = [name.strip() for name in (cfg.fabric.socket_ifname or "").split(",") if name.strip()]
+    return tuple(dict.fromkeys([*pinned, *DATA_PLANE_IFNAMES]))
+
+
 def build(sc: StackConfig, stack: str) -> tuple[NodeExposure, ...]:
     """Every node's exposure, group by group, in rank order."""
     fw = sc.firewall
@@ -268,7 +279,8 @@ def build(sc: StackConfig, stack: str) -> tuple[NodeExposure, ...]:
             sets = (("operators", tuple(fw.operators)), ("clients", tuple(fw.clients)), ("peers", _peers(cfg, rank)),
                     ("stack", hosts), ("monitoring", tuple(sorted(set(monitoring)))))  # fmt: skip
             ne = NodeExposure(stack, n.name, n.host, tuple(listeners), sets,
-                              tuple((o.port, tuple(o.sources), o.why) for o in fw.open), fw.enabled)
+                              tuple((o.port, tuple(o.sources), o.why) for o in fw.open), fw.enabled,
+                              _data_plane(cfg) if len(cfg.nodes) > 1 else ())
             out.append(_with_ruleset(ne))
     return tuple(out)
 
@@ -316,6 +328,8 @@ def render(ne: NodeExposure) -> str:
         listeners = by_source.get(source, [])
         if source == "peers" and listeners:  # the group's inner planes: every port (NCCL's and Ray's ephemeral ones)
             lines.append(f"    ip saddr @peers accept comment \"{_comment(listeners)}\"")
+            lines += [f"    iifname \"{name}\" accept comment \"the data plane (every rail and its twin)\""
+                      for name in ne.data_plane]
             continue
         if not listeners or not any(lst.ports for lst in listeners):
             continue
@@ -366,7 +380,7 @@ def summary(nodes: tuple[NodeExposure, ...]) -> str:
                     if source not in ("node", "peers") and ne.addresses(source):
                         open_to.setdefault(source, []).append(lst.port)
         parts = [f"{source} -> {', '.join(dict.fromkeys(ports))}" for source, ports in open_to.items()]
-        parts.append("the group's peers -> every port" if ne.addresses("peers") else "")
+        parts.append("the group's peers and the data plane -> every port" if ne.addresses("peers") else "")
         lines.append(f"  {ne.node} ({ne.host}): " + "; ".join(p for p in parts if p) + f"; fence {ne.digest}")
     return "\n".join(lines)
 

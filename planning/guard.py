@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # host (the gate programs).
 BUNDLE_FILES = (
     "programs/__init__.py", "programs/bootlog.py", "programs/membership.py", "programs/memgate.py",
-    "programs/probe.py", "programs/rails.py",
+    "programs/probe.py", "programs/rails.py", "programs/tunnel.py",
     *sorted(f"programs/guard/{p.name}" for p in (ROOT / "programs/guard").glob("*.py") if p.name != "__main__.py"),
 )  # fmt: skip
 ARCHIVE_MAIN = "from programs.guard.main import main\nraise SystemExit(main())\n"

@@ -48,7 +48,7 @@ def test_monitoring_rootfs_is_the_dockerfiles_packages():
 
 def test_the_binaries_the_plan_runs_are_the_packages():
     """The plan's entrypoints are the paths Debian's packages install (checked on a node below)."""
-    ne = prometheus.exporter_container("s", prometheus.MonitoringConfig())
+    ne = prometheus.exporter_container("s", prometheus.MonitoringConfig(), "10.0.0.1")
     assert ne.entrypoint == ("/usr/bin/prometheus-node-exporter",)
 
 

@@ -126,3 +126,15 @@ def test_peers_are_the_groups_other_nodes_on_the_planes_it_uses():
 def test_the_committed_page_is_what_the_plan_generates():
     assert exposure_page.PAGE.read_text() == exposure_page.render(), (
         f"docs/exposure.md is stale: run `{exposure_page.REGENERATE}` and commit the page")
+
+
+def test_the_data_plane_lets_in_the_rails_twins_whose_addresses_only_the_nodes_know():
+    # A Spark's cabled port is two netdevs (enp1s0f1np1, enP2p1s0f1np1), each with its own address; the config
+    # names one, the fabric gate and NCCL use both: the fence lets in what arrives on the ConnectX-7's netdevs.
+    rules = plan_of("sim").exposure[1].ruleset
+    assert 'iifname "enp1s0f*" accept' in rules and 'iifname "enP2p1s0f*" accept' in rules
+    raw = with_known_hosts(cluster_of("tp2"))
+    raw["fabric"] = {**raw.get("fabric", {}), "socketIfname": "enp1s0f0np0,eth9"}
+    pinned = stackplan.build_stack(parse_stack(raw), "tp2").exposure[0]
+    assert pinned.data_plane == ("enp1s0f0np0", "eth9", "enp1s0f*", "enP2p1s0f*")
+    assert 'iifname "eth9" accept' in pinned.ruleset

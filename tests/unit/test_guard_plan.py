@@ -68,7 +68,8 @@ def test_each_guard_gets_its_ranks_id_and_the_leader_every_peers():
     doc = json.loads(leader[leader.index("--leader") + 1])
     assert [(p["rank"], p["container"], p["url"]) for p in doc["peers"]] == [
         (1, "id-w1", "http://172.30.99.12:9850"), (2, "id-w2", "http://172.30.99.13:9850")]  # fmt: skip
-    assert doc["heal"]["url"] == "http://127.0.0.1:8888/v1" and doc["heal"]["router"] is None
+    # the engine binds the head's management address (planning/exposure.engine_bind), not loopback
+    assert doc["heal"]["url"] == "http://172.30.99.11:8888/v1" and doc["heal"]["router"] is None
     assert doc["settings"]["max_attempts"] == gp.settings["max_attempts"]
 
 

@@ -228,21 +228,23 @@ def test_vllm_head_wrapper_starts_ray_gates_then_serves(tmp_path):
         f.chmod(0o755)
     key = tmp_path / "key"
     key.write_text("sk-vllm")
-    script = launch.launch_wrapper(launch.VLLM_HEAD_RUN, key="env:VLLM_API_KEY", key_file=str(key),
+    script = launch.launch_wrapper(launch.vllm_head_run(parse_cluster(group_of("tp2"))), key="env:VLLM_API_KEY", key_file=str(key),
                                  sysfs=str(tmp_path / "nosys"))  # fmt: skip
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_PORT": "6379", "VLLM_HOST_IP": "10.0.0.1",
            "RAY_ADDRESS": "10.0.0.1:6379", "HOST_IP": "10.0.0.1", "DSPARK_FABRIC_IP": "10.0.22.1",
            "DSPARK_BOOTSTRAP_IP": "10.0.22.1"}  # fmt: skip
     subprocess.run(["/bin/sh", "-c", script, "vllm-head", "serve", "/m", "--port", "8000"], env=env, check=True)
     assert log.read_text().splitlines() == [
-        "ray start --head --port 6379 --node-ip-address 10.0.0.1 --num-gpus 1 --disable-usage-stats",
+        "ray start --head --port 6379 --node-ip-address 10.0.0.1 --num-gpus 1 --disable-usage-stats"
+        " --node-manager-port 6380 --object-manager-port 6381 --runtime-env-agent-port 6382 --metrics-export-port 6383"
+        " --min-worker-port 6390 --max-worker-port 6479 --dashboard-host 127.0.0.1",
         "gate RAY_ADDRESS=10.0.0.1:6379",
         "vllm serve /m --port 8000 key=sk-vllm",
     ]
 
 
 def test_vllm_gate_code_is_valid_python():
-    code = launch.VLLM_HEAD_RUN.split("<<'GATE'\n", 1)[1].split("GATE\n", 1)[0]
+    code = launch.VLLM_HEAD_GATE.split("<<'GATE'\n", 1)[1].split("GATE\n", 1)[0]
     compile(code, "gate", "exec")
     assert 'ray.init(address=os.environ["RAY_ADDRESS"])' in code
 
@@ -256,7 +258,7 @@ def test_vllm_head_does_not_serve_when_the_ray_gate_fails(tmp_path):
     (bin_dir / "vllm").write_text(f"#!/bin/sh\necho served >> {log}\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
-    script = launch.launch_wrapper(launch.VLLM_HEAD_RUN, key=None, sysfs=str(tmp_path / "nosys"))
+    script = launch.launch_wrapper(launch.vllm_head_run(parse_cluster(group_of("tp2"))), key=None, sysfs=str(tmp_path / "nosys"))
     out = subprocess.run(["/bin/sh", "-c", script, "vllm-head", "serve", "/m"],
                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_PORT": "6379", "VLLM_HOST_IP": "10.0.0.1"},
                          capture_output=True)  # fmt: skip

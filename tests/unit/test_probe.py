@@ -158,8 +158,8 @@ def test_the_readiness_command_carries_the_groups_restart_command():
     sc = parse_stack(cluster_of("tp4x2"))
     plans = stackplan.build_stack(sc, "tp4x2").groups
     assert [p.readiness.command.split("--restart-hint ")[1].split(" --ssh-opt")[0] for p in plans] == [
-        "'python -m dspark restart --stack tp4x2 --group a --yes'",
-        "'python -m dspark restart --stack tp4x2 --group b --yes'"]
+        "'python -m dspark restart --stack tp4x2 --group a --yes' --tunnel zurih@10.0.0.1:22",
+        "'python -m dspark restart --stack tp4x2 --group b --yes' --tunnel zurih@10.0.0.5:22"]  # behind the router
 
 
 def test_an_exited_rank_is_named_with_exit_code_and_log_tail_key_redacted():
