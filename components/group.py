@@ -16,6 +16,7 @@ from .node import SparkNode
 from planning.clusterplan import GroupPlan
 
 GENERATION_LABEL = "deepseek-spark.generation"
+STOP_SIGNAL = "SIGTERM"  # docker's default, set so that the rank depends on its generation (rank_container)
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,12 @@ def rank_container(
 ) -> docker.Container:
     """One rank's container on its node, started after the containers in `after`.
 
-    Its `deepseek-spark.generation` label is the group generation's ID: a property dependency, so
-    when the generation is replaced the engine deletes every rank (in one chain, dependents first)
-    before the new generation exists, and no new rank can start before that.
+    Its `deepseek-spark.generation` label is the group generation's ID, and so is (in form) its stop signal:
+    property dependencies, so when the generation is replaced the engine deletes every rank (in one chain,
+    dependents first: the head, which depends on its workers, goes first) before the new generation exists,
+    and no new rank can start before that. The engine asks the docker plugin whether a rank must go by
+    diffing it with those properties unknown: the plugin answers "replace" for an unknown string (a
+    replace-on-change field) but "no change" for a wholly unknown set such as `labels`, hence the signal.
     """
     labels: dict[str, Any] = {GENERATION_LABEL: generation.id}
     if after:
@@ -127,6 +131,7 @@ def rank_container(
     return docker.Container(
         name,
         **container_args(spec, revision, args.stack, engine, volume_names(args, spec.rank), labels),
+        stop_signal=generation.id.apply(lambda _: STOP_SIGNAL),
         opts=pulumi.ResourceOptions(
             parent=parent,
             provider=args.nodes[spec.rank].docker,
