@@ -28,7 +28,8 @@ def forward(target: str, ssh_port: int, ssh_opts: list[str], host: str, port: in
     """`ssh -N -L 127.0.0.1:<local>:<host>:<port> target` (a connection of its own, no shared master), for the
     length of the block; yields the local port once it accepts connections. OSError when the tunnel cannot open."""
     local = free_port()
-    opts = [*ssh_opts, "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "ExitOnForwardFailure=yes"]
+    # first: ssh takes the first value it is given for an option, and ssh_opts may name a shared master
+    opts = ["-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "ExitOnForwardFailure=yes", *ssh_opts]
     argv = ["ssh", *opts, "-N", "-L", f"127.0.0.1:{local}:{host}:{port}", "-p", str(ssh_port), target]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
