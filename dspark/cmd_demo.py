@@ -232,7 +232,7 @@ def printed_commands(source: str, stack: str, group: str, cluster: str = "") -> 
     """What the demo prints to use the stack: the first from the checkout, then each in the demo's project folder as
     printed (a test runs them). `cluster`: ` --cluster <name>` when the demo ran on a cluster not its own."""
     return [
-        f"cd {PROJECT} && source ../env   # the demo's project folder; its backend, secrets, CLI and plugin doubles",
+        f"cd {PROJECT} && source ../env   # the demo's project folder; its backend, secrets, CLI and plugins",
         f"pulumi stack output --stack {stack} --json --show-secrets client_config",
         f".venv/bin/python -m dspark.clients --stack {stack} --format openai-env   # an .env for OpenAI SDKs",
         *([f".venv/bin/python -m dspark.clients --stack {stack} --member alice --format openai-env   "
