@@ -68,5 +68,5 @@ except Exception as e: print(json.dumps([0, f"{type(e).__name__}: {e}"]))
 
 def ray_join(cluster: str, head: str, timeout: int = 40) -> tuple[int, str]:
     """`ray start --address=<head>` from the outsider (with Ray's own wait bounded): (exit code, output)."""
-    r = run(cluster, ["timeout", str(timeout), "ray", "start", f"--address={head}", "--block"], timeout=timeout + 30)
+    r = run(cluster, ["timeout", "-k", "5", str(timeout), "ray", "start", f"--address={head}", "--block"], timeout=timeout + 30)
     return r.returncode, (r.stdout + r.stderr)[-2000:]
