@@ -112,6 +112,9 @@ class Monitoring(pulumi.ComponentResource):
                 delete_before_replace=True,
                 # Its image, and (the server) its files and what it scrapes, must be there first.
                 depends_on=[image, *(after or [])],
+                # A moved mount source (a new stateDir) must recreate it: the real docker plugin planned it as an
+                # in-place update that changes nothing on the node, so every later refresh found the old mounts.
+                replace_on_changes=["mounts"],
             ),
         )
 
