@@ -20,6 +20,7 @@ and ICMP. An operator reaches an inner HTTP port through ssh (a tunnel), like `d
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
@@ -247,7 +248,7 @@ def _peers(cfg: ClusterConfig, rank: int) -> tuple[str, ...]:
     """The addresses the group's other nodes use on its inner planes: their data-plane addresses, and their hosts
     where the group's bootstrap or checkpoint share runs on the management network."""
     management = cfg.fabric.bootstrap == "management" or any(
-        fabric.nfs_link(cfg, r)[2] == "management" for r in range(1, len(cfg.nodes)))
+        fabric.nfs_link(cfg, r)[2] == "management" for r in range(1, len(cfg.nodes))) or _pinned_off_fabric(cfg)
     out = []
     for i, n in enumerate(cfg.nodes):
         if i != rank:
@@ -255,10 +256,18 @@ def _peers(cfg: ClusterConfig, rank: int) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
-def _data_plane(cfg: ClusterConfig) -> tuple[str, ...]:
-    """The interfaces of the group's data plane: the pinned socket interfaces, and the ConnectX-7's twins."""
+def _pinned_off_fabric(cfg: ClusterConfig) -> bool:
+    """A pinned fabric.socketIfname outside the ConnectX-7 (e.g. the management NIC): the ranks' sockets then run
+    between the nodes' hosts."""
     pinned = [name.strip() for name in (cfg.fabric.socket_ifname or "").split(",") if name.strip()]
-    return tuple(dict.fromkeys([*pinned, *DATA_PLANE_IFNAMES]))
+    return any(not any(fnmatch.fnmatchcase(name, pat) for pat in DATA_PLANE_IFNAMES) for name in pinned)
+
+
+def _data_plane(cfg: ClusterConfig) -> tuple[str, ...]:
+    """The interfaces let in whole: the ConnectX-7's twins only. A pinned fabric.socketIfname is not one of them: it
+    may name the management NIC (bootstrap over it), and letting that in whole would open every port to the office
+    LAN; peers reach such a plane through @peers (their configured addresses) like any other."""
+    return DATA_PLANE_IFNAMES if len(cfg.nodes) > 1 else ()
 
 
 def build(sc: StackConfig, stack: str) -> tuple[NodeExposure, ...]:
@@ -280,7 +289,7 @@ def build(sc: StackConfig, stack: str) -> tuple[NodeExposure, ...]:
                     ("stack", hosts), ("monitoring", tuple(sorted(set(monitoring)))))  # fmt: skip
             ne = NodeExposure(stack, n.name, n.host, tuple(listeners), sets,
                               tuple((o.port, tuple(o.sources), o.why) for o in fw.open), fw.enabled,
-                              _data_plane(cfg) if len(cfg.nodes) > 1 else ())
+                              _data_plane(cfg))
             out.append(_with_ruleset(ne))
     return tuple(out)
 
