@@ -159,3 +159,12 @@ def test_tp3_with_the_gateway_on_the_head_gives_its_rank_what_the_gateway_leaves
     log = next(m for _, m in after.logs if m.startswith("memory budget per node"))
     assert (f"tp3-rank0 {limits['tp3-rank0']:,} (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + "
             f"tp3-node-exporter 64 + tp3-guard 256 = {budget_mib:,}") in log
+
+
+def test_every_generated_credential_keeps_its_value_on_any_change_but_a_replace(rec):
+    # a generator whose command changes must not revoke the team's keys: its update re-prints the kept value
+    from components.keys import KEEP
+    generators = [r for r in rec.of_type(LOCAL) if r.name in STDOUT or r.name.endswith("-token")]
+    assert {r.name for r in generators} >= set(STDOUT)
+    for r in generators:
+        assert r.plain["update"] == KEEP and r.plain.get("addPreviousOutputInEnv") is not False, r.name

@@ -504,3 +504,20 @@ def test_a_step_deadline_ends_the_retries_with_context_deadline_exceeded(servers
         assert str(err.value).endswith(refused)
     finally:
         closed.close()
+
+
+def test_a_generated_key_survives_a_changed_generator_and_only_a_replace_makes_a_new_one(p):
+    # components/keys.py: a credential's generator is `create`; its `update` re-prints the kept value, so a change
+    # of the command (a new generator in a new release) keeps every member's key; only `triggers` replace it.
+    from components.keys import KEEP
+    gen = "python3 -c 'import secrets; print(\"sk-\" + secrets.token_urlsafe(32))'"
+    inputs = {"create": gen, "update": KEEP, "triggers": ["r1"], "addPreviousOutputInEnv": True, "logging": "none"}
+    _, made = p.create(LOCAL, URN, inputs, False)
+    assert made["stdout"].startswith("sk-") and len(made["stdout"]) > 40
+    changed = {**inputs, "create": gen.replace("32", "48")}
+    d = p.diff(LOCAL, "id", made, changed, [])
+    assert d.changed == ["create"] and d.replaces == []
+    assert p.update(LOCAL, URN, "id", made, changed, False)["stdout"] == made["stdout"]
+    assert p.diff(LOCAL, "id", made, {**inputs, "triggers": ["r2"]}, []).replaces == ["triggers"]
+    _, rotated = p.create(LOCAL, URN, {**inputs, "triggers": ["r2"]}, False)
+    assert rotated["stdout"] != made["stdout"]
