@@ -90,8 +90,9 @@ def deploy(
 
 
 def _gateway_outputs(cp: ClusterPlan, outputs: dict[str, Any], gw: Gateway) -> None:
-    """With a gateway, clients get its endpoint: `client_config` is the admin's (operator tools), each member
-    has their own in `member_configs`; the internal key stays in `api_key` for the operator alone."""
+    """With a gateway, clients get its endpoint: each member has their own config in `member_configs`, the admin's
+    (LiteLLM's master key: operator tools) is `admin_config`, named as such, and there is no `client_config` that
+    could hand it out; the internal key stays in `api_key` for the operator alone."""
     gp = cp.gateway
     outputs["gateway"] = {
         "node": gp.node.name,
@@ -105,7 +106,8 @@ def _gateway_outputs(cp: ClusterPlan, outputs: dict[str, Any], gw: Gateway) -> N
         "metrics_key": gw.metrics_key,
     }
     ready = gw.readiness.ready
-    outputs["client_config"] = pulumi.Output.secret(
+    outputs.pop("client_config", None)
+    outputs["admin_config"] = pulumi.Output.secret(
         pulumi.Output.all(ready, gw.admin_key).apply(lambda v: client_config(gp.endpoint, cp.model, v[1]))
     )
     names = list(gw.member_keys)

@@ -42,10 +42,23 @@ class ClientConfigError(Exception):
 # ------------------------------------------------------------------------------------------ outputs
 
 
-def client_from_outputs(outputs: Mapping[str, Any], stack: str = "", member: Optional[str] = None) -> Client:
-    """Stack outputs -> Client. Prefers `client_config`; falls back to endpoint/model/api_key. `member`: that
-    team member's own config (`member_configs`, a stack with the gateway)."""
+def client_from_outputs(outputs: Mapping[str, Any], stack: str = "", member: Optional[str] = None,
+                        admin: bool = False) -> Client:
+    """Stack outputs -> Client. Prefers `client_config`; falls back to endpoint/model/api_key. On a stack with the
+    gateway there is no client config: `member` picks that team member's own (`member_configs`), `admin` the
+    admin's (`admin_config`, LiteLLM's master key), and neither is an error naming both."""
     cc = outputs.get("client_config")
+    gateway = "member_configs" in outputs or "admin_config" in outputs
+    if admin:
+        if "admin_config" not in outputs:
+            raise ClientConfigError("--admin: this stack has no gateway, so no admin config; omit --admin")
+        cc = outputs["admin_config"]
+    elif member is None and gateway and cc is None:
+        configs = outputs.get("member_configs")
+        known = ", ".join(sorted(configs)) if isinstance(configs, Mapping) else "see `pulumi stack output member_configs`"
+        raise ClientConfigError(f"this stack serves its team through the gateway: pass --member NAME for a member's "
+                                f"own key (members: {known or 'none'}), or --admin for the admin's (LiteLLM's master "
+                                "key: for operators, never a client's)")  # fmt: skip
     if member is not None:
         configs = outputs.get("member_configs")
         if configs == SECRET_PLACEHOLDER:
@@ -75,6 +88,11 @@ def client_from_outputs(outputs: Mapping[str, Any], stack: str = "", member: Opt
     if not re.match(r"^https?://[^/\s]+(/\S*)?$", base_url):
         raise ClientConfigError(f"endpoint {base_url!r} is not an http(s) URL")
     return Client(base_url=base_url.rstrip("/"), api_key=api_key, model=model, stack=stack)
+
+
+def operator_client(outputs: Mapping[str, Any], stack: str = "") -> Client:
+    """What the operator's tools (smoke, bench) call with: the client config, or on a gateway stack the admin's."""
+    return client_from_outputs(outputs, stack=stack, admin="client_config" not in outputs and "admin_config" in outputs)
 
 
 def read_outputs(stack: Optional[str], outputs_file: Optional[str], pulumi: Optional[str] = None) -> dict:
@@ -266,7 +284,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--outputs-file", help="outputs saved with `pulumi stack output --json --show-secrets` ('-': stdin)")
     parser.add_argument("--format", required=True, choices=FORMATS)
     parser.add_argument("--out", help="file to write (mode 600); stdout when omitted")
-    parser.add_argument("--member", metavar="NAME", help="a team member's own config (stacks with the gateway)")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--member", metavar="NAME", help="a team member's own config (stacks with the gateway)")
+    who.add_argument("--admin", action="store_true", help="the gateway admin's config (LiteLLM's master key)")
     parser.add_argument("--key-env", metavar="NAME",
                         help="litellm/curl: read the key from env var NAME instead of writing it into the file")  # fmt: skip
     args = parser.parse_args(argv)
@@ -281,7 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.format == "grafana":
             text = render_grafana(outputs, args.stack or "")
         else:
-            text = render(client_from_outputs(outputs, stack=args.stack or "", member=args.member), args.format,
+            text = render(client_from_outputs(outputs, stack=args.stack or "", member=args.member,
+                                              admin=args.admin), args.format,
                           args.key_env)
     except ClientConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

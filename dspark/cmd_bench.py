@@ -425,7 +425,7 @@ def run(stack: Stack, as_json: bool, out: TextIO, err: TextIO, *, concurrency: S
     if missing:
         raise DsparkError(f"{', '.join(missing)} not installed in {sys.executable}: {INSTALL_HINT}")
     try:
-        client = clients.client_from_outputs(stack.outputs(), stack=stack.short)
+        client = clients.operator_client(stack.outputs(), stack=stack.short)
     except clients.ClientConfigError as exc:
         raise DsparkError(str(exc)) from None
     key = client.api_key

@@ -175,7 +175,7 @@ class Demo:
         if r.returncode != 0:
             raise DsparkError(f"`pulumi stack output` failed: {r.stderr.strip()}")
         outputs = json.loads(r.stdout)
-        cc = outputs["client_config"]
+        cc = outputs.get("client_config") or outputs["admin_config"]  # a gateway stack's: the admin's
         self.say(f"endpoint {outputs['endpoint']} (model {cc['model']}); one streamed answer:")
         import openai
 
@@ -231,12 +231,13 @@ class Demo:
 def printed_commands(source: str, stack: str, group: str, cluster: str = "") -> list[str]:
     """What the demo prints to use the stack: the first from the checkout, then each in the demo's project folder as
     printed (a test runs them). `cluster`: ` --cluster <name>` when the demo ran on a cluster not its own."""
+    team = source == "sim-team"  # a gateway stack: its clients are its members (no client_config)
     return [
         f"cd {PROJECT} && source ../env   # the demo's project folder; its backend, secrets, CLI and plugins",
-        f"pulumi stack output --stack {stack} --json --show-secrets client_config",
-        f".venv/bin/python -m dspark.clients --stack {stack} --format openai-env   # an .env for OpenAI SDKs",
+        f"pulumi stack output --stack {stack} --json --show-secrets {'member_configs' if team else 'client_config'}",
         *([f".venv/bin/python -m dspark.clients --stack {stack} --member alice --format openai-env   "
-           "# alice's own key, through the gateway"] if source == "sim-team" else []),
+           "# alice's own key, through the gateway"] if team else
+          [f".venv/bin/python -m dspark.clients --stack {stack} --format openai-env   # an .env for OpenAI SDKs"]),
         f".venv/bin/python -m dspark status --stack {stack}{group}",
         f".venv/bin/python -m dspark logs --stack {stack}{group} --tail 20",
         f".venv/bin/python -m dspark smoke --stack {stack}{group}",

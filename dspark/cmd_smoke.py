@@ -33,7 +33,7 @@ from .stack import DsparkError, Stack
 
 def run(stack: Stack, as_json: bool, out: TextIO, timeout: float = 120.0, max_tokens: int = 64) -> int:
     try:
-        client = clients.client_from_outputs(stack.outputs(), stack=stack.short)
+        client = clients.operator_client(stack.outputs(), stack=stack.short)
     except clients.ClientConfigError as exc:
         raise DsparkError(str(exc)) from None
     key = client.api_key

@@ -219,6 +219,7 @@ def outputs_secrets(red: Redactor, outputs: Optional[dict], plain: Optional[dict
     red.add(outputs.get("api_key"), "api-key")
     red.add_fields(outputs.get("member_configs"), "member-key")
     red.add_fields(outputs.get("client_config"), "api-key")
+    red.add_fields(outputs.get("admin_config"), "gateway-admin-key")
     red.add_fields(outputs, "output-secret")
     for path, value in _masked(outputs, plain):
         red.add(value, "output-secret")

@@ -101,12 +101,13 @@ class Stack:
         return self._outputs, self._outputs_error
 
     def api_key(self) -> Optional[str]:
-        """The API key from the outputs (`api_key` or `client_config.api_key`), None if not there."""
+        """The API key from the outputs (`api_key`, or `client_config.api_key` / `admin_config.api_key`), None if not
+        there."""
         data, _ = self.try_outputs()
         if not data:
             return None
-        for value in (data.get("api_key"), (data.get("client_config") or {}).get("api_key")
-                      if isinstance(data.get("client_config"), dict) else None):  # fmt: skip
+        configs = [data.get(k) for k in ("client_config", "admin_config") if isinstance(data.get(k), dict)]
+        for value in (data.get("api_key"), *(c.get("api_key") for c in configs)):
             if isinstance(value, str) and value.strip() and value != clients.SECRET_PLACEHOLDER:
                 return value
         return None

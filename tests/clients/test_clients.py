@@ -144,6 +144,25 @@ def test_a_member_gets_their_own_key_and_the_gateways_endpoint():
         clients.client_from_outputs({**outputs, "member_configs": "[secret]"}, member="alice")
 
 
+def test_a_gateway_stack_hands_no_one_the_admin_key_unasked(capsys, tmp_path):
+    # without --member the one-line client of the README gave the gateway's master key; now it names the choice
+    keys = {f"sim-team-gateway-key-{m}": f"sk-{m}-" + m[0] * 40 for m in ("alice", "bob", "carol", "dave")}
+    keys["sim-team-gateway-admin-key"] = "sk-admin-" + "c" * 40
+    outputs = reveal(run_program("sim-team", command_stdout=keys).outputs)
+    with pytest.raises(clients.ClientConfigError, match="--member NAME.*members: alice, bob, carol, dave.*--admin"):
+        clients.client_from_outputs(outputs, "sim-team")
+    assert clients.client_from_outputs(outputs, admin=True).api_key == "sk-admin-" + "c" * 40
+    assert clients.operator_client(outputs).api_key == "sk-admin-" + "c" * 40  # smoke and bench: the operator's
+    assert outputs["api_key"] not in (clients.client_from_outputs(outputs, member="dave").api_key,)
+    (tmp_path / "o.json").write_text(json.dumps(outputs))
+    assert clients.main(["--outputs-file", str(tmp_path / "o.json"), "--format", "openai-env"]) == 1
+    out, err = capsys.readouterr()
+    assert "sk-admin-" not in out + err and "--member" in err
+    single = reveal(run_program("sim").outputs)
+    with pytest.raises(clients.ClientConfigError, match="no gateway"):
+        clients.client_from_outputs(single, admin=True)
+
+
 @pytest.mark.parametrize(
     "outputs, message",
     [

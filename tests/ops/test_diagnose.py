@@ -73,7 +73,8 @@ def outputs_of(stack: str, group_url: str, gateway_url: str | None = None) -> di
             "client_config": {"base_url": group_url, "api_key": KEY, "model": model}, "fabric": {stack: fabric},
             "boot": {stack: {"kvTokens": 750000, "expectedKvTokens": 750000, "contextLength": 262144}}}  # fmt: skip
     if gateway_url:
-        data.update(endpoint=gateway_url, client_config={"base_url": gateway_url, "api_key": ADMIN, "model": model},
+        del data["client_config"]
+        data.update(endpoint=gateway_url, admin_config={"base_url": gateway_url, "api_key": ADMIN, "model": model},
                     gateway={"node": "spark1", "endpoint": gateway_url, "upstream": group_url,
                              "members": sorted(MEMBERS), "admin_key": ADMIN, "metrics_key": METRICS},
                     member_configs={m: {"base_url": gateway_url, "api_key": k, "model": model}
@@ -83,7 +84,8 @@ def outputs_of(stack: str, group_url: str, gateway_url: str | None = None) -> di
 
 def plain_of(outputs: dict) -> dict:
     """The outputs as `pulumi stack output --json` prints them: secrets as [secret]."""
-    out = {k: "[secret]" if k in ("api_key", "client_config", "member_configs", "custom_output") else v
+    out = {k: "[secret]" if k in ("api_key", "client_config", "admin_config", "member_configs",
+                                                      "custom_output") else v
            for k, v in outputs.items()}  # fmt: skip
     if "gateway" in out:
         out["gateway"] = {**out["gateway"], "admin_key": "[secret]", "metrics_key": "[secret]"}

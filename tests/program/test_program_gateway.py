@@ -122,7 +122,8 @@ def test_outputs_point_clients_at_the_gateway_each_member_with_their_own_key(rec
     assert {n: c["api_key"] for n, c in configs.value.items()} == {"alice": ALICE, "bob": BOB, "carol": CAROL,
                                                                    "dave": DAVE}
     assert all(c["base_url"] == o["endpoint"] for c in configs.value.values())
-    assert o["client_config"].value["api_key"] == ADMIN  # the admin's, apart from the members'
+    assert o["admin_config"].value["api_key"] == ADMIN  # the admin's, named as such, apart from the members'
+    assert "client_config" not in o  # nothing a client could take for its own hands out the master key
     gw = reveal(o["gateway"])
     assert gw["members"] == ["alice", "bob", "carol", "dave"] and gw["upstream"] == "http://172.30.99.11:8000/v1"
     job = next(j for j in o["prometheus"]["scrape_configs"] if j["job_name"] == "sim-team-gateway")
