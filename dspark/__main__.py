@@ -14,7 +14,7 @@ from . import (
     cmd_status,
 )
 from .nodes import Nodes, Runner, Streamer, valid_since
-from .stack import DsparkError, load
+from .stack import DsparkError, group_names, load
 
 CANNOT_RUN = 3
 
@@ -150,12 +150,16 @@ def main(
     try:
         if args.command == "demo":
             return cmd_demo.run(args.project_dir, args.stack, args.down, out, err, args.cluster)
-        stack = load(args.stack, args.project_dir, args.outputs_file, args.group)
+        # a repair is the whole stack's: without --group it asks every group's guard
+        groups = [args.group] if args.command != "repair" or args.group else group_names(args.stack, args.project_dir)
+        stack = load(args.stack, args.project_dir, args.outputs_file, groups[0])
         if args.command == "plan":
             return cmd_plan.run(stack, args.json, out)
         if args.command == "repair":
-            return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack, guard=lambda: cmd_guard.collect(
-                stack, Nodes(stack.cfg, stack.plan_name, runner=runner, streamer=streamer, forward=forward)))  # fmt: skip
+            each = [stack] + [load(args.stack, args.project_dir, args.outputs_file, g) for g in groups[1:]]
+            return cmd_repair.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack, guards=lambda: {
+                g.group or g.short: cmd_guard.collect(g, Nodes(g.cfg, g.plan_name, runner=runner, streamer=streamer,
+                                                               forward=forward)) for g in each})  # fmt: skip
         if args.command == "restart":
             return cmd_restart.run(stack, out, err, yes=args.yes, policy_packs=args.policy_pack)
         if args.command == "smoke":

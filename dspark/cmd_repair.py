@@ -7,9 +7,13 @@
    a key file gone, ...). Nothing: exit 0.
 3. with --yes, `up --refresh`: the program puts it back (a stopped rank restarts the whole group,
    as after `pulumi refresh` + `up`). Without --yes: exit 2, the drift listed.
-While the group's guard (serving.selfHeal) is restoring the group by itself, repair stands aside (exit 0,
-nothing touched): its refresh would see the ranks the guard stopped, and its `up` would replace the group
-under the guard.
+Repair stands aside (exit 0, nothing touched) unless every group's guard (serving.selfHeal) reports `serving`:
+while a guard heals, its refresh would see the ranks the guard stopped and its `up` would replace the group under
+it; a guard `paused` means the owner holds the group for maintenance, `exhausted` that it waits for a person;
+either way an `up` would restart a group nobody chose to restart. On a stack with groups it asks every group's
+guard (or the one --group names). A guard that is not looking (no journal written lately: the guard itself is
+gone) holds nothing, so repair goes on and its refresh sees the missing guard like any other drift.
+What a refresh cannot see (a file changed inside a container, a key file's content) is not repaired.
 
 It runs the project's program as `pulumi up` does (dspark/automation.py: the Automation API over the CLI in the
 project folder, the language host and the project's virtualenv), with the same backend, secrets provider and
@@ -24,20 +28,26 @@ from typing import Callable, Optional, TextIO
 from .automation import Diagnostics, changes, describe, failure, select_failure, workspace_stack
 from .stack import Stack
 
-HEALING = ("healing", "backoff", "waiting", "unhealthy")  # the guard is restoring the group itself
+GOES_ON = ("serving", "not looking")  # the guard states in which a repair may act (see above)
+
+
+def holding(guards: dict[str, Optional[dict]]) -> list[str]:
+    """The groups whose guard holds them (every state but serving and not looking), as `group (state: reason)`."""
+    return [f"{name} ({g['state']}: {g.get('reason') or ''})" for name, g in guards.items()
+            if g is not None and g.get("state") not in GOES_ON]  # fmt: skip
 
 
 def run(stack: Stack, out: TextIO, err: TextIO, yes: bool = False, policy_packs: Optional[list[str]] = None,
         select: Callable[[Stack], object] = workspace_stack,
-        guard: Optional[Callable[[], Optional[dict]]] = None) -> int:  # fmt: skip
+        guards: Optional[Callable[[], dict[str, Optional[dict]]]] = None) -> int:  # fmt: skip
     from pulumi import automation as auto
 
-    g = guard() if guard else None
-    if g is not None and g["state"] in HEALING:
-        # Its refresh would record the ranks the guard has stopped for its restart, and `up` would replace the
-        # group under it: a repair stands aside while the guard works (the next timer run looks again).
-        out.write(f"{stack.short}: the guard is restoring the group ({g['state']}: {g['reason']}); nothing repaired, "
-                  "nothing touched\n")  # fmt: skip
+    held = holding(guards() if guards else {})
+    if held:
+        # A refresh would record the ranks a healing guard stopped, and `up` would restart a group its guard holds
+        # (healing, paused for maintenance, given up and waiting for a person): stand aside; the next run looks again.
+        out.write(f"{stack.short}: the guard holds {'; '.join(held)}: nothing repaired, nothing touched (the next "
+                  "run looks again; `dspark guard resume` hands a paused group back)\n")  # fmt: skip
         return 0
     try:
         st = select(stack)

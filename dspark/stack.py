@@ -181,6 +181,12 @@ class Stack:
         return value if isinstance(value, str) and value else plan.endpoint(self.cfg)
 
 
+def group_names(name: str, project_dir: str | Path = ".") -> list[Optional[str]]:
+    """The stack's groups by name ([None] for a stack without `groups`)."""
+    sc = read_stack(Path(project_dir).resolve(), name)
+    return [None] if sc.single is not None else [e.name for e in sc.groups]
+
+
 def load(name: str, project_dir: str | Path = ".", outputs_file: Optional[str] = None,
          group: Optional[str] = None) -> Stack:  # fmt: skip
     """The stack, and for a stack with `groups` the one named by `group` (required there)."""

@@ -826,14 +826,46 @@ def repair(plans, yes=True, up_changes=None):
     return code, out.getvalue(), fake.calls
 
 
-def test_repair_stands_aside_while_the_guard_restores_the_group():
+@pytest.mark.parametrize("state", ["healing", "backoff", "waiting", "unhealthy", "exhausted", "paused", "blocked",
+                                   "starting"])  # fmt: skip
+def test_repair_stands_aside_whenever_the_guard_holds_the_group(state):
+    # paused: the owner's maintenance; exhausted: waiting for a person; healing: the guard's own restart. An `up`
+    # in any of them restarts a group nobody chose to restart.
     from dspark import cmd_repair
     from dspark.stack import load
 
     st, out, err = FakeAutoStack([{"same": 30}, {"same": 22, "replace": 8}]), io.StringIO(), io.StringIO()
     code = cmd_repair.run(load("tp4", ROOT), out, err, yes=True, select=lambda s: st,
-                          guard=lambda: {"state": "healing", "reason": "attempt 1 of 3: rank 1 exited"})  # fmt: skip
-    assert code == 0 and "the guard is restoring the group" in out.getvalue() and st.calls == []
+                          guards=lambda: {"tp4": {"state": state, "reason": "why"}})  # fmt: skip
+    assert code == 0 and f"the guard holds tp4 ({state}: why): nothing repaired" in out.getvalue() and st.calls == []
+
+
+@pytest.mark.parametrize("state", ["serving", "not looking"])
+def test_repair_goes_on_when_the_guard_serves_or_is_itself_gone(state):
+    from dspark import cmd_repair
+    from dspark.stack import load
+
+    st, out, err = FakeAutoStack([{"same": 30}, {"same": 22, "replace": 8}]), io.StringIO(), io.StringIO()
+    code = cmd_repair.run(load("tp4", ROOT), out, err, yes=True, select=lambda s: st,
+                          guards=lambda: {"tp4": {"state": state, "reason": ""}, "b": None})  # fmt: skip
+    assert code == 0 and [c for c, _ in st.calls] == ["preview", "preview", "up"]
+
+
+def test_repair_of_a_groups_stack_asks_every_groups_guard_and_needs_no_group(monkeypatch):
+    # the drift workflow runs `dspark repair --stack tp4x2 --yes`: it used to exit asking for --group
+    from dspark import __main__ as cli, cmd_guard
+
+    asked = []
+
+    def collect(stack, nodes):
+        asked.append(stack.group)
+        return {"state": "paused" if stack.group == "b" else "serving", "reason": "maintenance"}
+
+    monkeypatch.setattr(cmd_guard, "collect", collect)
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(["repair", "--stack", "tp4x2", "--yes", "--project-dir", str(ROOT)], out=out, err=err)
+    assert code == 0, err.getvalue()
+    assert asked == ["a", "b"] and "the guard holds b (paused: maintenance)" in out.getvalue()
 
 
 def test_repair_refuses_a_config_change_nobody_applied():
