@@ -106,29 +106,48 @@ def test_a_stopped_rank_is_found_and_the_suggested_repair_works(up, project):
     assert code == 0 and json.loads(out)["verdict"] == "healthy", out
 
 
-def test_repair_puts_back_drift_and_refuses_a_change_nobody_applied(up, project):
-    """`dspark repair` as a timer runs it: nothing to do; a stopped rank repaired; a merged but
-    unapplied config change left alone."""
+def wait_healthy(project, seconds: float = 120) -> None:
+    deadline, out = time.monotonic() + seconds, ""
+    while time.monotonic() < deadline:
+        code, out = dspark(project, "status", "--json")
+        if code == 0 and json.loads(out)["verdict"] == "healthy":
+            return
+        time.sleep(2)
+    raise AssertionError(f"not healthy within {seconds:.0f} s: {out[-2000:]}")
+
+
+def test_repair_stands_aside_while_the_guard_holds_the_group_puts_back_drift_and_refuses_a_change_nobody_applied(
+        up, project):  # fmt: skip
+    """`dspark repair` as a timer runs it: the guard paused for maintenance (the test before) and a rank stopped:
+    nothing touched; the guard resumed heals the rank itself and repair finds no drift; a guard stopped on a node:
+    repaired, no rank restarted; a merged but unapplied config change left alone."""
     pack = ("--policy-pack", "policy")
+    node_sh("spark2", "docker stop sim-rank1 >/dev/null")
+    held = containers_of(STACK)
+    code, out = dspark(project, "repair", "--yes", *pack)
+    assert code == 0 and "the guard holds sim (paused" in out and "nothing touched" in out, out
+    assert containers_of(STACK) == held and node_sh("spark2", "docker inspect -f '{{.State.Running}}' sim-rank1"
+                                                   ).strip() == "false"  # fmt: skip
+    assert dspark(project, "guard", "resume")[0] == 0
+    wait_healthy(project)  # the guard's own heal (docker start: the same containers)
     code, out = dspark(project, "repair", "--yes", *pack)
     assert code == 0 and "no drift" in out, out
-    node_sh("spark2", "docker stop sim-rank1 >/dev/null")
+    ranks = containers_of(STACK)
+    node_sh("spark3", f"docker stop {STACK}-guard >/dev/null")
     code, out = dspark(project, "repair", *pack)
     assert code == 2 and "drift found" in out and "--yes" in out, out
-    before = containers_of(STACK)
     t0 = time.monotonic()
     code, out = dspark(project, "repair", "--yes", *pack)
-    TIMINGS["dspark repair (a rank stopped)"] = time.monotonic() - t0
+    TIMINGS["dspark repair (a guard stopped)"] = time.monotonic() - t0
     assert code == 0 and "repaired" in out, out
-    assert not set(containers_of(STACK).values()) & set(before.values())
-    code, out = dspark(project, "status", "--json")
-    assert code == 0 and json.loads(out)["verdict"] == "healthy", out
+    assert containers_of(STACK) == ranks  # a side container put back restarts no rank
+    assert node_sh("spark3", f"docker inspect -f '{{{{.State.Running}}}}' {STACK}-guard").strip() == "true"
+    wait_healthy(project)
     project.set_config("cluster.serving.maxRunningRequests", "5")
     running = containers_of(STACK)
     code, out = dspark(project, "repair", "--yes", *pack)
     assert code == 4 and "never applied" in out, out
     assert containers_of(STACK) == running
-    assert dspark(project, "guard", "resume")[0] == 0
 
 
 def test_a_rank_that_never_starts_is_down_at_once_and_dspark_restart_brings_the_whole_group_back(up, project):
