@@ -1,4 +1,4 @@
-"""deepseek-spark policy pack: `pulumi preview --policy-pack policy` (see docs/pr-previews-and-clients.md).
+"""deepseek-spark policy pack: `pulumi preview --policy-pack policy` (see docs/pull-request-previews.md).
 
 The checks are plain functions in guardrails.py; policies.py turns them into pulumi-policy objects.
 """
