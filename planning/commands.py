@@ -12,6 +12,7 @@ import shlex
 
 from . import fabric, launch, memoryplan, plan
 from declared.cluster import ClusterConfig
+from programs import memgate as memgate_program
 
 q = shlex.quote
 
@@ -80,6 +81,24 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         rails_run(cfg, rank, "check", " || failed=1"),
         'else fail fabric "python3 is missing on the node (the fabric checks run with it); install python3"; fi',
     ]
+    if node.ssh_user != "root" and cfg.memory.drop_caches:
+        # the memory gate drops the page cache on every node (programs/memgate.py) after the old ranks are gone:
+        # proven here, before anything stops; `sudo -l CMD` asks whether the rule allows it without running it
+        drop = " ".join(q(a) for a in memgate_program.DROP)
+        lines.append(
+            f"if sudo -n -l {drop} >/dev/null 2>&1; then ok sudo-drop-caches; else "
+            f'fail sudo-drop-caches "$(id -un) may not run \'{drop}\' through sudo -n (the memory gate drops the '
+            f"page cache before the group starts); add the rule '{memgate_program.sudoers_rule(node.ssh_user)}' with visudo "
+            '-f /etc/sudoers.d/deepseek-spark, or set memory.dropCaches: false"; fi'
+        )
+    if cfg.fabric.bandwidth_gate and len(cfg.nodes) > 1:
+        lines.append(
+            "if command -v ib_write_bw >/dev/null 2>&1; then ok perftest; else "
+            'fail perftest "ib_write_bw is missing (the bandwidth gate runs it between the nodes before the group '
+            'starts); install Debian\'s perftest (apt install perftest), or set fabric.bandwidthGate: false"; fi'
+        )
+    if cfg.model.source == "download":
+        lines += _download_space(cfg)
     if rank == 0 and head_needs_sudo(cfg):
         lines.append(
             "if sudo -n true 2>/dev/null; then ok sudo; else "
@@ -104,6 +123,26 @@ def preflight(cfg: ClusterConfig, stack: str, rank: int) -> str:
         'exit "$failed"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _download_space(cfg: ClusterConfig) -> list[str]:
+    """The checkpoint's room on this node before the group stops: a complete download (its stamp at the revision
+    and every shard) needs none, else the filesystem of model.checkpointDir must hold the whole checkpoint."""
+    gib = memoryplan.PROFILES[cfg.model.profile].checkpoint_gib
+    if not gib:
+        return []
+    m = cfg.model
+    return [
+        f"cdir={q(m.checkpoint_dir)}; rev={q(m.revision)}",
+        "have=$(ls \"$cdir\" 2>/dev/null | grep -c '\\.safetensors$' || true)",
+        'd="$cdir"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done',
+        "avail=$(df -Pk \"$d\" | awk 'NR==2 {print $4}')",
+        f'if [ "$(cat "$cdir/.deepseek-spark-download" 2>/dev/null)" = "$rev" ] && [ "${{have:-0}}" -ge '
+        f'{m.expected_shards} ]; then ok checkpoint-space; '
+        f'elif [ "${{avail:-0}}" -ge {int(gib * 1024 * 1024)} ]; then ok checkpoint-space; else '
+        f'fail checkpoint-space "$d has $((avail / 1048576)) GiB free, the checkpoint needs {gib:.0f} GiB (download '
+        f'on every node); free space or point model.checkpointDir at a larger disk"; fi',
+    ]
 
 
 def _engram_space(cfg: ClusterConfig, rank: int) -> list[str]:

@@ -37,6 +37,7 @@ class MemoryProfile:
     engram_total_gib: float  # split evenly across ranks onto each node's NVMe
     min_mem_fraction_by_tp: dict[int, float] = field(default_factory=dict)  # measured floor (boot fails below)
     published_kv_pool_by_tp: dict[int, tuple[int, int]] = field(default_factory=dict)  # pool actually obtained
+    checkpoint_gib: float = 0.0  # the checkpoint on disk: what a download or a copy needs free (0: not checked)
     engine: str = "sglang"
 
 
@@ -49,6 +50,7 @@ class VllmProfile:
     kv_gib_at: tuple[int, float]  # (max_model_len, GiB): KV grows linearly with the context length
     runtime_gb: tuple[float, float]  # system and runtime overhead, (low, high)
     max_model_len: int
+    checkpoint_gib: float = 0.0  # the checkpoint on disk: what a download or a copy needs free (0: not checked)
     engine: str = "vllm"
 
 
@@ -69,6 +71,7 @@ PROFILES: dict[str, MemoryProfile | VllmProfile] = {
         engram_total_gib=189.0,
         min_mem_fraction_by_tp={3: 0.944},
         published_kv_pool_by_tp={4: (5_980_000, 6_490_000)},
+        checkpoint_gib=476.0,
     ),
     "sim-test-double": MemoryProfile(
         description="TEST DOUBLE: the simulator's tiny fake checkpoint (sim/), not a real model",
@@ -89,6 +92,7 @@ PROFILES: dict[str, MemoryProfile | VllmProfile] = {
         kv_gib_at=(131072, 15.0),
         runtime_gb=(8.0, 12.0),
         max_model_len=1048576,
+        checkpoint_gib=400.0,  # seed 004: "下载总量约 400 GiB"
     ),
     "sim-test-double-vllm": VllmProfile(
         description="TEST DOUBLE: the simulator's tiny fake checkpoint served by vllm-sim, not a real model",

@@ -2,6 +2,7 @@
 
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import time
@@ -22,6 +23,8 @@ STUBS = {
     ),
     "ethtool": 'printf "Settings for %s:\\n\\tSpeed: %sMb/s\\n\\tLink detected: %s\\n" "$1" "${SPEED:-200000}" "${LINK:-yes}"',
     "ping": '[ -z "${PING_FAIL:-}" ]',
+    "sudo": '[ -z "${NO_SUDO:-}" ] && [ "$1" = -n ] && [ "$2" = -l ] && echo "$3"',
+    "ib_write_bw": "exit 0",
     "df": 'echo "Filesystem 1024-blocks Used Available Capacity Mounted on"; echo "/dev/nvme0n1 1 1 ${AVAIL_KB:-999999999} 1% /"',
 }
 
@@ -94,6 +97,36 @@ def test_preflight_names_node_and_failed_check(node_env, env, check):
     assert out.returncode == 1
     assert f"preflight spark3: FAIL {check}:" in out.stderr
     assert "nothing was changed" in out.stderr
+
+
+def test_preflight_proves_on_every_node_what_the_late_steps_need(node_env):
+    # the memory gate's sudo (every node, after the old ranks are gone), the bandwidth gate's ib_write_bw, the
+    # download's room: each failed a step after the running group had stopped; now preflight refuses first
+    raw = cluster_of("tp2")
+    raw["model"]["checkpointDir"] = str(node_env / "models" / "nvfp4")
+    cfg = parse_cluster(raw)
+    assert cfg.nodes[1].ssh_user != "root" and cfg.model.source == "download"
+    script = commands.preflight(cfg, "tp2", 1)
+    out = run(script, node_env, rank=1)
+    for check in ("sudo-drop-caches", "perftest", "checkpoint-space"):
+        assert f"preflight spark2: ok {check}" in out.stdout, out.stdout
+    out = run(script, node_env, rank=1, NO_SUDO="1", AVAIL_KB=str(100 * 1024 * 1024))
+    assert ("FAIL sudo-drop-caches: " in out.stderr and "NOPASSWD: /usr/sbin/sysctl -w vm.drop_caches=3" in out.stderr
+            and "FAIL checkpoint-space: " in out.stderr and "100 GiB free, the checkpoint needs 400 GiB" in out.stderr)
+    (node_env / "bin" / "ib_write_bw").unlink()
+    if not shutil.which("ib_write_bw"):
+        assert "FAIL perftest: ib_write_bw is missing" in run(script, node_env, rank=1).stderr
+    done = node_env / "models" / "nvfp4"
+    done.mkdir(parents=True)
+    (done / ".deepseek-spark-download").write_text(cfg.model.revision)
+    for i in range(cfg.model.expected_shards):
+        (done / f"model-{i:05d}.safetensors").write_text("")
+    assert "ok checkpoint-space" in run(script, node_env, rank=1, AVAIL_KB="1").stdout  # complete: needs no room
+    # root needs no sudo; no gate, no ib_write_bw
+    raw["nodes"][1]["sshUser"] = "root"
+    raw["fabric"] = {**raw.get("fabric", {}), "bandwidthGate": False}
+    relaxed = commands.preflight(parse_cluster(raw), "tp2", 1)
+    assert "sudo-drop-caches" not in relaxed and "perftest" not in relaxed
 
 
 def test_preflight_gpu_used_by_our_own_rank_is_not_busy(node_env):
