@@ -297,6 +297,11 @@ class MemoryConfig(_Strict):
                                      description="kept free outside the static pool")  # fmt: skip
     host_reserve_gib: float = Field(default=1.5, ge=0.5, le=64, alias="hostReserveGiB",
                                     description="kept for sshd, dockerd and the OS: no rank container may use it")  # fmt: skip
+    side_reserve_gib: float = Field(default=4.0, ge=0, le=64, alias="sideReserveGiB",
+                                    description="kept on every node for the stack's side containers (router, gateway "
+                                    "and its database, Prometheus, Alertmanager, node exporter): their limits come "
+                                    "out of it, so adding or resizing one never changes a rank's limit (nor restarts "
+                                    "the group); a change of this field does")  # fmt: skip
     drop_caches: bool = Field(default=True, alias="dropCaches",
                               description="before a group starts, sync and drop each node's page cache (needs root or "
                                           "the sudo rule of the README); the memory gate checks MemAvailable after it")  # fmt: skip

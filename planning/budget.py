@@ -5,7 +5,8 @@ On a Spark the GPU's memory is the host's, so everything on a node shares one fi
 
     budget     = memory.unifiedGiB - memory.hostReserveGiB           (memoryplan.node_budget_mib)
     rank limit = min(what the rank wants: its static pool + what it needs outside it + the runtime floor,
-                     the budget less the limits of the node's other containers)   (memoryplan.rank_memory_mib)
+                     the budget less the guard and memory.sideReserveGiB)         (memoryplan.rank_memory_mib)
+    side containers (router, gateway, monitoring): their limits together within memory.sideReserveGiB
     rank need  = what the memory gate wants available when the rank starts       (memoryplan.rank_need_mib)
 
 The budget is computed from the validated stack config, before the plan: the rank's limit is an input of
@@ -166,7 +167,7 @@ def group_budgets(cfg: ClusterConfig, name: str, side: list[Placed] | tuple[Plac
     out = []
     for rank, node in enumerate(cfg.nodes):
         others = tuple(p for p in side if p.node == node.name)
-        limit = memoryplan.rank_memory_mib(cfg, rank, sum(p.limit_mib for p in others))
+        limit = memoryplan.rank_memory_mib(cfg, rank)  # the side containers come out of the reserve, not of it
         rank_entry = Placed(node.name, plan.container_name(name, rank), RANK, limit, memoryplan.rank_need_mib(cfg, rank))
         unified = int(cfg.memory.unified_gib * 1024)
         reserve = unified - memoryplan.node_budget_mib(cfg)  # memory.hostReserveGiB, rounded up

@@ -11,7 +11,7 @@ from declared.cluster import ClusterConfig
 from declared.stack import StackConfig
 
 from . import budget, memoryplan
-from .budget import NodeBudget
+from .budget import NodeBudget, Placed
 from .memory_rules import known_profile
 from .rulebook import Finding, stack_rule
 from .serving_rules import engine_fields
@@ -59,14 +59,18 @@ def _move_others(b: NodeBudget) -> str:
 def _short(b: NodeBudget, sc: StackConfig) -> Finding:
     """The rank's limit (what the budget leaves it) is below what it needs to start."""
     cfg, r = sc.groups[b.group].cfg, b.rank
-    # the largest reserve (GiB, to 0.1) with which the budget still holds the rank's need and the others' limits
-    reserve = int((b.unified_mib - r.need_mib - sum(c.limit_mib for c in b.others)) / 1024 * 10) / 10
+    # the largest reserve (GiB, to 0.1) with which the rank's limit (the budget less the guard and the side reserve)
+    # still holds its need
+    kept = memoryplan.guard_memory_mib(cfg) + memoryplan.side_reserve_mib(cfg)
+    reserve = int((b.unified_mib - r.need_mib - kept) / 1024 * 10) / 10
     fixes = [f"lower memory.hostReserveGiB to at most {reserve:g}"] if reserve >= 0.5 else []
     fixes.append(f"lower what the rank needs ({_need_knobs(cfg)})")
     if b.others:
-        fixes.append(_move_others(b))
-    if b.others and r.need_mib <= b.budget_mib:  # the rank alone would fit: name what came beside it
-        field, value = b.others[0].field, b.others[0].limit_mib
+        fixes.append(f"lower {budget.group_field(sc, b.group, 'memory.sideReserveGiB')} (it keeps "
+                     f"{memoryplan.side_reserve_mib(cfg):,} MiB for the side containers)")
+    if b.others and r.need_mib + memoryplan.guard_memory_mib(cfg) <= b.budget_mib and reserve < 0.5:
+        # the rank and its guard alone would fit: the side reserve takes the room
+        field, value = budget.group_field(sc, b.group, "memory.sideReserveGiB"), cfg.memory.side_reserve_gib
     elif reserve >= 0.5:  # the reserve is what takes the room
         field, value = budget.group_field(sc, b.group, "memory.hostReserveGiB"), cfg.memory.host_reserve_gib
     elif cfg.engine == "vllm":
@@ -75,8 +79,9 @@ def _short(b: NodeBudget, sc: StackConfig) -> Finding:
         field, value = budget.group_field(sc, b.group, "serving.maxTotalTokens"), cfg.serving.max_total_tokens
     return Finding("node-memory-budget", field, value,
                    f"rank {r.container} on {b.node} needs {r.need_mib:,} MiB to start (the memory gate's figure) but "
-                   f"its limit is {r.limit_mib:,} MiB: {_budget_text(b, cfg)}{_others(b)}, so its own limit would "
-                   "kill it at boot", "; or ".join(fixes))  # fmt: skip
+                   f"its limit is {r.limit_mib:,} MiB: {_budget_text(b, cfg)}, less "
+                   f"{memoryplan.guard_memory_mib(cfg) + memoryplan.side_reserve_mib(cfg):,} MiB for the guard and "
+                   "memory.sideReserveGiB, so its own limit would kill it at boot", "; or ".join(fixes))  # fmt: skip
 
 
 def _over(b: NodeBudget, sc: StackConfig) -> Finding:
@@ -94,9 +99,33 @@ def _over(b: NodeBudget, sc: StackConfig) -> Finding:
                    "the reserve keeps for sshd, dockerd and the OS", fix)  # fmt: skip
 
 
+def _side(b: NodeBudget) -> tuple[Placed, ...]:
+    """The stack's side containers on the node (the group's own guard is kept apart from the reserve)."""
+    return tuple(c for c in b.others if c.role != "guard")
+
+
+def _beyond_reserve(b: NodeBudget, sc: StackConfig) -> Finding:
+    """The side containers' limits exceed what memory.sideReserveGiB keeps for them."""
+    cfg, side = sc.groups[b.group].cfg, _side(b)
+    took = sum(c.limit_mib for c in side)
+    listed = " + ".join(f"{c.container} {c.limit_mib:,}" for c in side)
+    reserve = memoryplan.side_reserve_mib(cfg)
+    need_gib = -(-took * 10 // 1024) / 10
+    return Finding("node-memory-budget", side[0].field, side[0].limit_mib,
+                   f"the side containers on {b.node} take {took:,} MiB ({listed}), more than the "
+                   f"{reserve:,} MiB that memory.sideReserveGiB {cfg.memory.side_reserve_gib:g} keeps for them beside "
+                   "the ranks",
+                   f"give them less ({', '.join(c.field for c in side)}), place some on another node, or raise "
+                   f"{budget.group_field(sc, b.group, 'memory.sideReserveGiB')} to at least {need_gib:g} (that "
+                   "lowers the ranks' limits: the group restarts)")  # fmt: skip
+
+
 def problems(b: NodeBudget, sc: StackConfig) -> list[Finding]:
-    """One node's errors: its rank's limit below its need; its containers' limits beyond its budget."""
+    """One node's errors: its side containers beyond the reserve; its rank's limit below its need; its containers'
+    limits beyond its budget."""
     out = []
+    if sum(c.limit_mib for c in _side(b)) > memoryplan.side_reserve_mib(sc.groups[b.group].cfg):
+        out.append(_beyond_reserve(b, sc))
     if b.rank.limit_mib < b.rank.need_mib:
         out.append(_short(b, sc))
     if b.free_mib < 0:
@@ -123,7 +152,7 @@ def _thin(sc: StackConfig, stack: str = "") -> list[Finding]:
                                f"rank {r.container}'s limit on {b.node} ({r.limit_mib:,} MiB) leaves {margin:,} MiB above "
                                f"what it needs ({r.need_mib:,} MiB): a rank that takes a little more than the plan's "
                                "figures is killed by its limit",
-                               f"lower what the rank needs ({_need_knobs(cfg)}) or memory.hostReserveGiB"
-                               + (f", or {_move_others(b)}" if b.others else ""),
+                               f"lower what the rank needs ({_need_knobs(cfg)}), memory.hostReserveGiB or "
+                               "memory.sideReserveGiB",
                                level="warning"))  # fmt: skip
     return out

@@ -304,13 +304,19 @@ def guard_memory_mib(cfg: ClusterConfig) -> int:
     return cfg.serving.self_heal.memory_mib if cfg.serving.self_heal.enabled else 0
 
 
-def rank_memory_mib(cfg: ClusterConfig, rank: int, others_mib: int = 0) -> int:
+def side_reserve_mib(cfg: ClusterConfig) -> int:
+    """memory.sideReserveGiB: what every node keeps for the stack's side containers (planning/budget.py)."""
+    return math.ceil(cfg.memory.side_reserve_gib * 1024)
+
+
+def rank_memory_mib(cfg: ClusterConfig, rank: int) -> int:
     """The rank container's memory limit: its static pool and what it needs outside it (never less than
     its need, rank_need_mib) plus the runtime floor as headroom, but no more than the node's budget
-    (node_budget_mib) leaves once the group's guard there and the node's other containers have their limits
-    (`others_mib`: the stack's router and gateway, from planning/budget.py). A runaway rank is then killed by
+    (node_budget_mib) leaves once the group's guard and the side reserve (memory.sideReserveGiB) are kept. The
+    side containers the stack places on the node come out of that reserve, never out of the rank's limit: adding a
+    gateway or Prometheus leaves the limit, and so the group's revision, as it was. A runaway rank is then killed by
     its cgroup instead of wedging the node; a limit below the need is refused at preview (node-memory-budget)."""
     r = memory_plan(cfg).ranks[0 if rank == 0 else -1]
     want = max(_need_gib(cfg, rank), r.static_pool_gib + r.outside_needed_gib) + cfg.memory.runtime_floor_gib
-    return min(int(want * 1024), node_budget_mib(cfg) - guard_memory_mib(cfg) - others_mib)
+    return min(int(want * 1024), node_budget_mib(cfg) - guard_memory_mib(cfg) - side_reserve_mib(cfg))
 

@@ -19,8 +19,8 @@ import pytest
 
 from e2e import healing
 from e2e.conftest import (
-    CLUSTER, at, container_events, containers_of, dspark, first_event, monitoring_of, node_sh, read_diagnose,
-    secret_forms, shard_mtimes,
+    CLUSTER, ask, at, client_env, container_events, containers_of, dspark, first_event, monitoring_of, node_sh,
+    read_diagnose, secret_forms, shard_mtimes,
 )  # fmt: skip
 from sim import cluster as sim_cluster
 from e2e.timings import TIMINGS
@@ -252,6 +252,47 @@ def test_a_fence_that_would_cut_the_operators_ssh_is_refused_and_every_node_stay
     project.up().check()
     code, out = dspark(project, "smoke")
     assert code == 0, out
+
+
+def test_taking_away_and_adding_back_the_monitoring_server_restarts_no_rank_and_every_request_answers(
+        up, project, tmp_path):  # fmt: skip
+    """Prometheus and Alertmanager come out of memory.sideReserveGiB, not out of the ranks' limits: the group's
+    revision stays, so an `up` that removes or adds them touches no rank while clients keep asking."""
+    import threading
+
+    import yaml
+
+    stack_file = project.work_dir / f"Pulumi.{STACK}.yaml"
+    original = stack_file.read_text()
+    doc = yaml.safe_load(original)
+    del doc["config"]["deepseek-spark:cluster"]["monitoring"]["server"]
+    env, ranks, revision = client_env(project, tmp_path), containers_of(STACK), up["group_revision"]
+    answers: list = []
+    stop = threading.Event()
+
+    def ask_all_along():
+        while not stop.is_set():
+            try:
+                answers.append("42" in ask(env))
+            except Exception as exc:  # noqa: BLE001  (any failure is a failed request: kept, then asserted)
+                answers.append(repr(exc))
+            time.sleep(0.2)
+
+    asking = threading.Thread(target=ask_all_along)
+    asking.start()
+    try:
+        stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        project.up().check()
+        assert project.outputs()["group_revision"] == revision and containers_of(STACK) == ranks
+        assert not [n for n in monitoring_of(STACK) if "prometheus" in n]
+        stack_file.write_text(original)
+        project.up().check()
+        assert containers_of(STACK) == ranks and [n for n in monitoring_of(STACK) if "prometheus" in n]
+    finally:
+        stop.set()
+        asking.join()
+        stack_file.write_text(original)
+    assert len(answers) > 10 and [a for a in answers if a is not True] == [], answers[:20]
 
 
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):

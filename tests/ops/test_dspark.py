@@ -973,7 +973,8 @@ def test_restart_of_a_stack_never_brought_up_says_so():
 
 def test_plan_shows_each_nodes_memory_budget_with_the_gateway_on_the_head(tmp_path):
     """`dspark plan --stack tp3` with a gateway on the head: the head's budget holds the rank, LiteLLM and its
-    database, the rank's limit is what they leave, and the gate's need is the budget's."""
+    database (out of memory.sideReserveGiB: the rank's limit is the same on every node), and the gate's need is the
+    budget's."""
     cluster = harness.cluster_of("tp3")
     cluster["gateway"] = {}
     project = write_stack(tmp_path, "tp3", cluster)
@@ -983,15 +984,15 @@ def test_plan_shows_each_nodes_memory_budget_with_the_gateway_on_the_head(tmp_pa
     head = doc["memory_budget"][0]
     assert head["node"] == "spark1" and head["budgetMiB"] == head["unifiedMiB"] - head["reserveMiB"] == 123084
     assert [(c["container"], c["limitMiB"]) for c in head["containers"]] == [
-        ("tp3-rank0", 123084 - 1536 - 64 - 256), ("tp3-gateway", 1024), ("tp3-gateway-db", 512),
+        ("tp3-rank0", 123084 - 4096 - 256), ("tp3-gateway", 1024), ("tp3-gateway-db", 512),
         ("tp3-node-exporter", 64), ("tp3-guard", 256)]  # fmt: skip
-    assert head["limitsMiB"] == 123084 and head["freeMiB"] == 0
-    assert doc["nodes"][0]["memory_limit_mib"] == 123084 - 1536 - 64 - 256
+    assert head["limitsMiB"] == 120588 and head["freeMiB"] == 4096 - 1024 - 512 - 64
+    assert doc["nodes"][0]["memory_limit_mib"] == 123084 - 4096 - 256
     assert doc["nodes"][0]["memory_gate_need_mib"] == head["containers"][0]["needMiB"] == 110815
-    assert [b["containers"][0]["limitMiB"] for b in doc["memory_budget"][1:]] == [123084 - 64 - 256] * 2
+    assert [b["containers"][0]["limitMiB"] for b in doc["memory_budget"][1:]] == [123084 - 4096 - 256] * 2
     code, text, _ = run(args("plan", "tp3", None, project))
     assert code == 0
     row = next(line for line in text.splitlines() if line.lstrip().startswith("spark1  124,620"))
-    assert row.split()[:7] == ["spark1", "124,620", "1,536", "123,084", "123,084", "0", "10,413"]
-    assert row.rstrip().endswith("tp3-rank0 121,228 (needs 110,815), tp3-gateway 1,024, tp3-gateway-db 512, "
+    assert row.split()[:7] == ["spark1", "124,620", "1,536", "123,084", "120,588", "2,496", "7,917"]
+    assert row.rstrip().endswith("tp3-rank0 118,732 (needs 110,815), tp3-gateway 1,024, tp3-gateway-db 512, "
                                  "tp3-node-exporter 64, tp3-guard 256")

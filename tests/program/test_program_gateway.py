@@ -146,8 +146,9 @@ def test_behind_the_router_the_gateway_runs_on_the_routers_node():
     assert gw["node"] == router_node and gw["upstream"] == reveal(r.outputs["router"])["endpoint"]
 
 
-def test_tp3_with_the_gateway_on_the_head_gives_its_rank_what_the_gateway_leaves_and_keeps_the_reserve():
-    """The issue's case: rank 0's limit plus the gateway's two used to add up to all of the head's 121.7 GiB."""
+def test_tp3_with_the_gateway_on_the_head_keeps_its_ranks_limit_and_both_reserves():
+    """The gateway's two come out of memory.sideReserveGiB: rank 0 keeps the limit it has without them (its
+    revision does not change), and the host reserve stays with the OS."""
     cluster = cluster_of("tp3")
     cluster["gateway"] = {}
     after = run_program("tp3", cluster=cluster)
@@ -155,11 +156,12 @@ def test_tp3_with_the_gateway_on_the_head_gives_its_rank_what_the_gateway_leaves
     budget_mib = int(121.7 * 1024) - 1536  # memory.hostReserveGiB 1.5 stays with the OS
     assert limits["tp3-gateway"] == 1024 and limits["tp3-gateway-db"] == 512 and limits["tp3-guard"] == 256
     assert limits["tp3-node-exporter"] == 64
-    assert limits["tp3-rank0"] + 1024 + 512 + 64 + 256 == budget_mib
-    assert limits["tp3-rank1"] == limits["tp3-rank2"] == budget_mib - 64 - 256  # beside them: the exporter, the guard
+    assert limits["tp3-rank0"] == limits["tp3-rank1"] == limits["tp3-rank2"] == budget_mib - 4096 - 256
+    before = run_program("tp3")
+    assert {r.inputs["name"]: r.inputs["memory"] for r in before.of_type(CONTAINER)}["tp3-rank0"] == limits["tp3-rank0"]
     log = next(m for _, m in after.logs if m.startswith("memory budget per node"))
     assert (f"tp3-rank0 {limits['tp3-rank0']:,} (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + "
-            f"tp3-node-exporter 64 + tp3-guard 256 = {budget_mib:,}") in log
+            f"tp3-node-exporter 64 + tp3-guard 256 = {budget_mib - 4096 + 1024 + 512 + 64:,}") in log
 
 
 def test_every_generated_credential_keeps_its_value_on_any_change_but_a_replace(rec):

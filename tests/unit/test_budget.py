@@ -92,7 +92,31 @@ def test_the_walk_finds_a_container_kind_the_budget_does_not_count():
                                                      for c in b.containers}  # fmt: skip
 
 
-def test_tp3_with_the_gateway_on_the_head_leaves_the_reserve_and_gives_the_rank_what_is_left():
+def test_a_gateway_or_a_monitoring_server_leaves_every_ranks_limit_and_so_the_groups_revision_as_it_was():
+    # they used to come out of the rank's limit (122764, 121228, 120076 MiB on tp3's head): three revisions, and
+    # adding a team gateway or Prometheus restarted the serving group
+    plain, stack = stack_of("tp3")
+    team, _ = stack_of("tp3", gateway={})
+    watched, _ = stack_of("tp3", gateway={}, monitoring={"server": {}})
+    plans = [stackplan.build_stack(sc, stack) for sc in (plain, team, watched)]
+    assert [p.budgets[0].others != () for p in plans] == [True, True, True]
+    assert len({p.groups[0].group.revision for p in plans}) == 1
+    assert len({tuple(s.memory_mib for s in p.groups[0].group.specs) for p in plans}) == 1
+    assert [c.role for c in plans[2].budgets[0].others] == ["gateway", "gateway-db", "node-exporter", "prometheus",
+                                                            "alertmanager", "guard"]  # fmt: skip
+
+
+def test_side_containers_beyond_the_side_reserve_are_refused_naming_the_fields_and_the_restart():
+    sc, stack = stack_of("tp3", gateway={"memoryMiB": 3600})
+    errors = [f for f in rules.check_stack(sc, stack)[0] if f.rule == "node-memory-budget"]
+    assert errors[0].field == "gateway.memoryMiB" and errors[0].value == 3600  # (and so the node's limits add up)
+    assert "spark1 take 4,176 MiB (tp3-gateway 3,600 + tp3-gateway-db 512 + tp3-node-exporter 64)" in errors[0].problem
+    assert "memory.sideReserveGiB to at least 4.1" in errors[0].fix and "the group restarts" in errors[0].fix
+    bigger, _ = stack_of("tp3", gateway={"memoryMiB": 3600}, memory={"sideReserveGiB": 4.5})
+    assert [f for f in rules.check_stack(bigger, stack)[0] if f.rule == "node-memory-budget"] == []
+
+
+def test_tp3_with_the_gateway_on_the_head_keeps_the_reserves_and_gives_the_rank_what_is_left():
     """The issue's case: rank limit, gateway and database used to add up to the whole 121.7 GiB."""
     sc, stack = stack_of("tp3", gateway={})
     assert rules.check_stack(sc, stack)[0] == []
@@ -102,15 +126,15 @@ def test_tp3_with_the_gateway_on_the_head_leaves_the_reserve_and_gives_the_rank_
         ("tp3-rank0", "rank"), ("tp3-gateway", "gateway"), ("tp3-gateway-db", "gateway-db"),
         ("tp3-node-exporter", "node-exporter"), ("tp3-guard", "guard")]
     assert head.unified_mib == 124620 and head.reserve_mib == 1536 and head.budget_mib == 123084
-    assert head.rank.limit_mib == 123084 - 1024 - 512 - 64 - 256 and head.limits_mib == head.budget_mib
-    assert worker.rank.limit_mib == 123084 - 64 - 256
+    assert head.rank.limit_mib == 123084 - 4096 - 256 == worker.rank.limit_mib  # memory.sideReserveGiB, the guard
+    assert head.free_mib == 4096 - 1024 - 512 - 64
     assert [c.container for c in worker.others] == ["tp3-node-exporter", "tp3-guard"]
     assert head.headroom_mib == head.rank.limit_mib - head.rank.need_mib > budget.THIN_HEADROOM_MIB
     # what the components receive: the rank's limit, and its gate's need, are the budget's
     assert cp.groups[0].group.specs[0].memory_mib == head.rank.limit_mib
     assert gate_needs(cp) == {b.rank.container: b.rank.need_mib for b in cp.budgets}
-    assert ("tp3-rank0 121,228 (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + tp3-node-exporter 64 + "
-            "tp3-guard 256 = 123,084"
+    assert ("tp3-rank0 118,732 (needs 110,815) + tp3-gateway 1,024 + tp3-gateway-db 512 + tp3-node-exporter 64 + "
+            "tp3-guard 256 = 120,588"
             in budget.summary(cp.budgets))
 
 
@@ -124,21 +148,21 @@ def test_the_router_comes_out_of_its_nodes_rank_and_a_local_router_out_of_none()
         ("sim-x2-prometheus", 1024, "monitoring.server.memoryMiB"),
         ("sim-x2-alertmanager", 128, "monitoring.server.alertmanagerMemoryMiB"),
         ("sim-x2-a-guard", 256, "groups[0](a).serving.selfHeal.memoryMiB")]  # (Prometheus: on the router's node)
-    assert spark1.rank.limit_mib == spark1.budget_mib - 1024 - 64 - 1024 - 128 - 256
-    assert all(b.rank.limit_mib == b.budget_mib - 64 - 256 and [c.role for c in b.others] == ["node-exporter", "guard"]
+    assert spark1.rank.limit_mib == spark1.budget_mib - 4096 - 256  # the side containers come out of the reserve
+    assert all(b.rank.limit_mib == spark1.rank.limit_mib and [c.role for c in b.others] == ["node-exporter", "guard"]
                for b in cp.budgets[1:])  # fmt: skip
     assert cp.router.spec.memory_mib == 1024
     local, _ = stack_of("sim-x2", router={"node": "local"}, serving=capped)  # Prometheus then on the head
     assert [[c.role for c in b.others] for b in budget.node_budgets(local, "sim-x2")] == [
         ["node-exporter", "prometheus", "alertmanager", "guard"]] + [["node-exporter", "guard"]] * 3
-    bigger, _ = stack_of("sim-x2", router={"memoryMiB": 4096}, serving=capped)
-    assert budget.node_budgets(bigger, "sim-x2")[0].rank.limit_mib == spark1.budget_mib - 4096 - 64 - 1024 - 128 - 256
+    bigger, _ = stack_of("sim-x2", router={"memoryMiB": 2048}, serving=capped)
+    assert budget.node_budgets(bigger, "sim-x2")[0].rank.limit_mib == spark1.rank.limit_mib  # within the reserve
 
 
-def test_a_group_planned_alone_gives_its_ranks_the_whole_budget_but_its_own_guards():
+def test_a_group_planned_alone_gives_its_ranks_the_whole_budget_but_its_own_guards_and_the_side_reserve():
     sc, stack = stack_of("sim-x2", serving={"memFractionStatic": 0.95})  # capped: the rank gets what is left
     alone = stackplan.build(sc.groups[0].cfg, "sim-x2-a")
-    assert [b.rank.limit_mib for b in alone.budgets] == [b.budget_mib - 256 for b in alone.budgets]
+    assert [b.rank.limit_mib for b in alone.budgets] == [b.budget_mib - 256 - 4096 for b in alone.budgets]
     assert all([(c.container, c.role) for c in b.others] == [("sim-x2-a-guard", "guard")] for b in alone.budgets)
     assert [s.memory_mib for s in alone.group.specs] == [b.rank.limit_mib for b in alone.budgets]
 
@@ -149,13 +173,13 @@ def test_hostreserve_60_on_tp4_is_refused_naming_each_node_the_figures_and_the_k
     errors = [e for e in rules.check_stack(sc, stack)[0] if e.rule == "node-memory-budget"]
     assert [e.field for e in errors] == ["memory.hostReserveGiB"] * 4
     worker = errors[1]
-    assert "rank tp4-rank1 on spark2 needs 100,354 MiB" in worker.problem and "its limit is 62,860 MiB" in worker.problem  # 63,180 less the node exporter's 64 and the guard's 256
-    assert "lower memory.hostReserveGiB to at most 23.3" in worker.fix
-    assert "lower memory.hostReserveGiB to at most 22;" in errors[0].fix  # the head holds rank 0's extra
+    assert "rank tp4-rank1 on spark2 needs 100,354 MiB" in worker.problem and "its limit is 58,828 MiB" in worker.problem  # 63,180 less the side reserve's 4,096 and the guard's 256
+    assert "lower memory.hostReserveGiB to at most 19.4" in worker.fix
+    assert "lower memory.hostReserveGiB to at most 18.1;" in errors[0].fix  # the head holds rank 0's extra
     # the fix is exact: the reserve it names is the largest that passes
-    assert NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 22.0})[0], stack) == []
-    assert ["spark1" in e.problem for e in NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.3})[0], stack)] == [True]
-    assert len(NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 23.4})[0], stack)) == 4
+    assert NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 18.1})[0], stack) == []
+    assert ["spark1" in e.problem for e in NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 19.4})[0], stack)] == [True]
+    assert len(NODE_RULE(stack_of("tp4", memory={"hostReserveGiB": 19.5})[0], stack)) == 4
 
 
 def test_a_need_no_reserve_can_hold_names_the_engine_knobs():
@@ -191,14 +215,15 @@ def test_limits_beyond_the_budget_are_refused_naming_node_figures_and_fields():
 
 
 def test_thin_headroom_is_a_warning_naming_node_and_figures():
-    # tp3's head needs 110,815 MiB of its 123,084: a gateway that takes 11,269 of them (and the node exporter 64, the
-    # guard 256) leaves the rank 680 above
-    sc, stack = stack_of("tp3", gateway={"memoryMiB": 10757, "databaseMemoryMiB": 512})
+    # tp3's head needs 110,815 MiB of its 124,620: a host reserve of 7.3 GiB (7,476), the side reserve (4,096) and
+    # the guard (256) leave the rank 112,792, 1,977 above
+    sc, stack = stack_of("tp3", gateway={}, memory={"hostReserveGiB": 7.3})
     assert NODE_RULE(sc, stack) == []
-    (found,) = THIN_RULE(sc, stack)
+    head = [f for f in THIN_RULE(sc, stack) if " on spark1 " in f.problem]
+    (found,) = head
     assert found.level == "warning" and found.field == "memory.hostReserveGiB"
-    assert "on spark1 (111,495 MiB) leaves 680 MiB above what it needs (110,815 MiB)" in found.problem
-    assert "(gateway.memoryMiB, gateway.databaseMemoryMiB, monitoring.nodeExporter.memoryMiB, serving.selfHeal.memoryMiB)" in found.fix
+    assert "on spark1 (112,792 MiB) leaves 1,977 MiB above what it needs (110,815 MiB)" in found.problem
+    assert "memory.hostReserveGiB or memory.sideReserveGiB" in found.fix
     assert THIN_RULE(*stack_of("tp3", gateway={})) == []
 
 
@@ -278,7 +303,9 @@ def test_no_memory_knobs_give_a_rank_a_limit_below_its_need_or_a_node_more_than_
             for spec in group.group.specs:
                 limit, need = spec.memory_mib, needs[spec.container_name]
                 named = [e for e in errors if f" on {spec.node} " in e.problem]
-                bad = limit < need or on_node[spec.node] > budget_mib
+                side = sum(c.limit_mib for b in cp.budgets if b.node == spec.node for c in b.others
+                           if c.role != "guard")  # fmt: skip
+                bad = limit < need or on_node[spec.node] > budget_mib or side > math.ceil(memory.side_reserve_gib * 1024)
                 assert bool(named) == bad, (combo, spec.node, limit, need, on_node[spec.node], budget_mib)
                 if limit < need:
                     assert any(f"{need:,} MiB" in e.problem and f"its limit is {limit:,} MiB" in e.problem for e in named)

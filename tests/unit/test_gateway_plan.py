@@ -118,9 +118,9 @@ def test_member_keys_must_be_secret_known_and_well_formed_and_no_message_shows_a
     assert "memberKeys.alice: must be sk-" in str(exc.value) and "sk-short-secret" not in str(exc.value)
 
 
-def test_gateway_limits_come_out_of_the_head_rank_and_are_refused_when_they_leave_it_less_than_its_need():
-    """The gateway's containers share the head's budget: the rank's limit is what they leave, and limits that
-    leave the rank less than it needs are an error naming the node, the figures and the gateway's fields.
+def test_gateway_limits_come_out_of_the_side_reserve_and_are_refused_beyond_it():
+    """The gateway's containers share the head's budget: they come out of memory.sideReserveGiB (the rank's limit
+    stays as it was), and limits beyond it are an error naming the node, the figures and the gateway's fields.
     (A sim-* stack name: the test double's memory figures are refused anywhere else.)"""
     assert rules.check_stack(_team(), "sim-st")[0] == []
     cp = stackplan.build_stack(_team(), "sim-st")
@@ -130,11 +130,12 @@ def test_gateway_limits_come_out_of_the_head_rank_and_are_refused_when_they_leav
                                                       "sim-st-node-exporter", "sim-st-guard"]  # fmt: skip
     assert [c.container for c in worker.containers] == ["sim-st-rank1", "sim-st-node-exporter", "sim-st-guard"]
     errors, _ = rules.check_stack(_team(memoryMiB=16384, databaseMemoryMiB=16384), "sim-st")
-    (found,) = [e for e in errors if e.rule == "node-memory-budget"]
+    found = [e for e in errors if e.rule == "node-memory-budget"][0]
     assert found.field == "gateway.memoryMiB" and found.value == 16384
     assert "on spark1" in found.problem and "sim-st-gateway 16,384 + sim-st-gateway-db 16,384" in found.problem
-    assert ("(gateway.memoryMiB, gateway.databaseMemoryMiB, monitoring.nodeExporter.memoryMiB, serving.selfHeal.memoryMiB)"
-            " or place them on another node") in found.fix
+    assert ("(gateway.memoryMiB, gateway.databaseMemoryMiB, monitoring.nodeExporter.memoryMiB), place some on another "
+            "node, or raise memory.sideReserveGiB") in found.fix
+    assert head.rank.limit_mib == worker.rank.limit_mib  # the gateway's node's rank keeps the same limit
 
 
 def test_the_prometheus_output_and_dashboard_cover_the_gateway_per_member():

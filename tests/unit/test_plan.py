@@ -274,9 +274,9 @@ def test_rank_memory_limits_follow_the_memory_plan_and_keep_the_host_reserve():
     assert memoryplan.rank_memory_mib(tp4, 0) == memoryplan.rank_memory_mib(tp4, 3) == int(
         (head.static_pool_gib + head.outside_needed_gib + 3.0) * 1024)
     assert 106 * 1024 < memoryplan.rank_memory_mib(tp4, 0) < 107 * 1024
-    assert memoryplan.rank_memory_mib(tp3, 1) == int((121.7 - 1.5) * 1024) - 256  # less the node's guard
+    assert memoryplan.rank_memory_mib(tp3, 1) == int((121.7 - 1.5 - 4) * 1024) - 256  # the side reserve, the guard
     assert all(s.memory_mib == memoryplan.rank_memory_mib(tp4, s.rank) for s in plan.rank_specs(tp4, "tp4"))
     assert all(s.memory_mib for s in plan.vllm_specs(cfg_of("tp2"), "tp2"))
     raw = cluster_of("tp3")
     raw["memory"] = {"hostReserveGiB": 4}
-    assert memoryplan.rank_memory_mib(parse_cluster(raw), 0) == int((121.7 - 4) * 1024) - 256  # the guard
+    assert memoryplan.rank_memory_mib(parse_cluster(raw), 0) == int((121.7 - 4 - 4) * 1024) - 256  # side, guard

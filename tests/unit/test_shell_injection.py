@@ -249,7 +249,9 @@ printf 'Settings for %s:\n\tSpeed: %sMb/s\n\tLink detected: %s\n' "$1" "$speed" 
 echo "Filesystem 1024-blocks Used Available Capacity Mounted on"; echo "/dev/nvme0n1 1 1 $avail 1% /"
 """,
     "sudo": r"""[ -n "${STUB_BROKEN:-}" ] && { echo "sudo: a password is required" >&2; exit 1; }
-while [ "$#" -gt 0 ]; do case "$1" in --) shift; break ;; -*) shift ;; *) break ;; esac; done
+list=0
+while [ "$#" -gt 0 ]; do case "$1" in --) shift; break ;; -l) list=1; shift ;; -*) shift ;; *) break ;; esac; done
+[ "$list" -eq 1 ] && { echo "$*"; exit 0; }  # sudo -l CMD: whether the rules allow it, never running it
 exec "$@"
 """,
     "python3": "cat >/dev/null 2>&1; exit 0",
@@ -269,7 +271,8 @@ exit 0""",
     "timeout": 'while [ "${1#-}" != "$1" ]; do shift; done; shift; exec "$@"',
     "sleep": "exit 0",
     **{name: "exit 0" for name in ("ssh", "scp", "exportfs", "mount", "umount", "ibdev2netdev", "ray", "vllm",
-                                   "huggingface-cli", "hf", "systemctl", "ip", "curl", "wget", "nvidia-ctk")},
+                                   "huggingface-cli", "hf", "systemctl", "ip", "curl", "wget", "nvidia-ctk",
+                                   "ib_write_bw")},
 }  # fmt: skip
 GUARD = r"""# the real {name}, but only on paths inside the sandbox
 for a in "$@"; do
