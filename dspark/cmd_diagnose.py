@@ -37,6 +37,7 @@ import datetime as dt
 import gzip
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -117,8 +118,9 @@ class Bounded:
         worker.start()
         worker.join(left)
         if not box:
-            self._mark(host, f"no answer within {left:.0f} s")
-            return SSH_FAILED, f"ssh: {target}: no answer within {left:.0f} s\n"
+            waited = math.ceil(left)  # whole seconds, never "0 s" when the deadline left it less than one
+            self._mark(host, f"no answer within {waited} s")
+            return SSH_FAILED, f"ssh: {target}: no answer within {waited} s\n"
         if isinstance(box[0], BaseException):
             raise box[0]
         code, out = box[0]
