@@ -266,7 +266,7 @@ def test_taking_away_and_adding_back_the_monitoring_server_restarts_no_rank_and_
     original = stack_file.read_text()
     doc = yaml.safe_load(original)
     del doc["config"]["deepseek-spark:cluster"]["monitoring"]["server"]
-    env, ranks, revision = client_env(project, tmp_path), containers_of(STACK), up["group_revision"]
+    env, ranks, revision = client_env(project, tmp_path), containers_of(STACK), project.outputs()["group_revision"]
     answers: list = []
     stop = threading.Event()
 
