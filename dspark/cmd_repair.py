@@ -4,7 +4,7 @@
    pending change (a merged config nobody applied yet) needs a reviewed `pulumi up`: exit 4,
    nothing touched.
 2. preview with refresh: what differs between the state and the nodes (a rank stopped or removed,
-   a key file gone, ...). Nothing: exit 0.
+   a guard, the router or the gateway stopped, ...). Nothing: exit 0.
 3. with --yes, `up --refresh`: the program puts it back (a stopped rank restarts the whole group,
    as after `pulumi refresh` + `up`). Without --yes: exit 2, the drift listed.
 Repair stands aside (exit 0, nothing touched) unless every group's guard (serving.selfHeal) reports `serving`:

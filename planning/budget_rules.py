@@ -38,14 +38,6 @@ def _need_knobs(cfg: ClusterConfig) -> str:
     return "serving.maxTotalTokens, serving.maxRunningRequests or memory.runtimeFloorGiB"
 
 
-def _others(b: NodeBudget) -> str:
-    """", less 1,536 MiB for tp3-gateway 1,024 + tp3-gateway-db 512" (nothing without other containers)."""
-    if not b.others:
-        return ""
-    return f", less {sum(c.limit_mib for c in b.others):,} MiB for " + " + ".join(
-        f"{c.container} {c.limit_mib:,}" for c in b.others)
-
-
 def _budget_text(b: NodeBudget, cfg: ClusterConfig) -> str:
     return (f"{b.node}'s budget is {b.budget_mib:,} MiB (memory.unifiedGiB {cfg.memory.unified_gib:g} less "
             f"memory.hostReserveGiB {cfg.memory.host_reserve_gib:g})")

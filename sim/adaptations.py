@@ -224,7 +224,10 @@ ADAPTATIONS: list[Adaptation] = [
                "whose image is missing tries to pull it (as the real provider does) and fails, and the sim "
                "stack's overlay (sim/overlay) builds FROM it for the machine's platform, not linux/arm64",
                "no registry is reachable; the test machine is not aarch64", "sim/images.py, Pulumi.sim.yaml"),
-    Adaptation("nodes run as root", "the simulated nodes are containers with root sshd", "sim/cluster.py"),
+    Adaptation("nodes run as root, so no step takes the sudo path: preflight's sudo checks (the memory gate's drop "
+               "rule, the head's NFS/key-file sudo) are left out of the script, and the memory gate, the fence and "
+               "the key files never run `sudo -n`; their refusals are tested against stub tools only "
+               "(tests/unit/test_commands.py)", "the simulated nodes are containers with root sshd", "sim/cluster.py"),
     Adaptation("the gateway image deepseek-spark-gateway:litellm-1.110.2 (REAL LiteLLM 1.110.2 and PostgreSQL 15) "
                "is built by the sim and loaded into each node's engine at create, not built on the node from "
                "programs/gateway/Dockerfile: the same Debian packages except python3-pip, on a debootstrap bookworm "
