@@ -80,6 +80,12 @@ def _engine(model: type, name: str, field: FieldInfo, inherited: str) -> str:
     return ENGINES.get(said.group(1), inherited) if said else inherited
 
 
+def _camel(name: str) -> str:
+    """A StackConfig field as its key in the stack file (front_door -> frontDoor)."""
+    first, *rest = name.split("_")
+    return first + "".join(w.title() for w in rest)
+
+
 def sections(cluster: type = ClusterConfig) -> list[Section]:
     """The page's sections in order: the stack value, what it nests, then each stack-level key's."""
     out = [Section("cluster", cluster, BOTH)]
@@ -94,7 +100,7 @@ def sections(cluster: type = ClusterConfig) -> list[Section]:
     walk(cluster, "cluster", BOTH)
     for key, tp in typing.get_type_hints(StackConfig).items():
         for sub, many in _models(tp):
-            out.append(Section(f"cluster.{key}{'[]' if many else ''}", sub, BOTH))
+            out.append(Section(f"cluster.{_camel(key)}{'[]' if many else ''}", sub, BOTH))
             if issubclass(sub, BaseModel):
                 walk(sub, out[-1].path, BOTH)
     return out
@@ -191,7 +197,7 @@ def _rows(sec: Section, links: dict[type, Section]) -> list[str]:
         for f in dataclasses.fields(StackConfig):
             default = "the value itself: one group" if f.default is dataclasses.MISSING else _value(f.default, links)
             about = next((_doc(m) for m, _ in _models(hints[f.name])), "")
-            rows.append(_row(f"`{f.name}`", _type(hints[f.name], links), default, "", BOTH, about))
+            rows.append(_row(f"`{_camel(f.name)}`", _type(hints[f.name], links), default, "", BOTH, about))
     return rows
 
 
@@ -213,7 +219,7 @@ def render(cluster: type = ClusterConfig) -> str:
             shared = ", ".join(f"`{a}`" for a in (f.alias or n for n, f in cluster.model_fields.items())
                                if a not in GROUP_FIELDS)  # fmt: skip
             out += ["The stack value: one group's fields, or, with `groups`, what every group shares; `groups`, "
-                    f"`router`, `gateway` and `monitoring` are the stack's own, and so is {shared} (not a per-group "
+                    f"`router`, `gateway`, `monitoring`, `firewall` and `frontDoor` are the stack's own, and so is {shared} (not a per-group "
                     "field).", ""]  # fmt: skip
         elif _doc(sec.model):
             out += [_md(_doc(sec.model)), ""]

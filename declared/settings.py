@@ -23,6 +23,7 @@ SSH_KEY = "sshPrivateKey"
 HF_TOKEN = "hfToken"
 MEMBER_KEYS = "memberKeys"  # optional secret map member -> key (else each member's key is generated)
 ALERT_WEBHOOK = "alertWebhook"  # optional secret: where Alertmanager sends alerts (monitoring.server)
+FRONTDOOR_KEY = "frontDoorKey"  # the private key of the owner's certificate (frontDoor.certificate.source: own)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ SECRETS = (
            f"--path '{PROJECT}:{MEMBER_KEYS}.<member>' \"sk-$(openssl rand -hex 32)\" --stack <stack>"),
     Secret(ALERT_WEBHOOK, "optional", "where Alertmanager sends alerts (`monitoring.server`)",
            f'{PROJECT}:{ALERT_WEBHOOK} --stack <stack> "https://hooks.slack.com/services/..."'),
+    Secret(FRONTDOOR_KEY, "optional", "the private key (PEM) of the front door's certificate when it is the owner's "
+           "(`frontDoor.certificate.source: own`)", f"{PROJECT}:{FRONTDOOR_KEY} --stack <stack> < server.key"),
 )  # fmt: skip
 SECRET = {s.key: s for s in SECRETS}
 
@@ -72,6 +75,7 @@ class Settings:
     warnings: tuple[str, ...] = ()  # about where Pulumi runs (not the config): shown at preview
     member_keys: Any = None  # {member: pulumi.Output[str] (secret)} from `memberKeys`; others are generated
     alert_webhook: Any = None  # pulumi.Output[str] (secret) from `alertWebhook`, or None
+    front_door_key: Any = None  # pulumi.Output[str] (secret) from `frontDoorKey`, or None
 
 
 def host_keys(cluster: ClusterConfig) -> tuple[tuple[str | None, ...], list[str]]:
@@ -216,7 +220,7 @@ def load() -> Settings:
         raise ConfigError(f"{PROJECT}:{API_KEY} is stored in plain text in the stack file. Run:\n  {set_key}")
 
     optional = {}
-    for name in (SSH_KEY, HF_TOKEN, ALERT_WEBHOOK):
+    for name in (SSH_KEY, HF_TOKEN, ALERT_WEBHOOK, FRONTDOOR_KEY):
         value = pulumi.runtime.get_config(f"{PROJECT}:{name}")
         if value is not None and not pulumi.runtime.is_config_secret(f"{PROJECT}:{name}"):
             raise ConfigError(f"{PROJECT}:{name} is stored in plain text. Run:\n  {SECRET[name].command(stack)}")
@@ -224,6 +228,10 @@ def load() -> Settings:
     problem = agent_socket_problem(dict(os.environ))
     if problem:
         raise ConfigError(problem)
+    fd = stack_config.front_door
+    if fd.enabled and fd.certificate.source == "own" and optional[FRONTDOOR_KEY] is None:
+        raise ConfigError(f"cluster.frontDoor.certificate.source is own but {PROJECT}:{FRONTDOOR_KEY} (its private "
+                          f"key) is not set. Run:\n  {SECRET[FRONTDOOR_KEY].command(stack)}")  # fmt: skip
     member_keys = {}
     raw_keys = pulumi.runtime.get_config(f"{PROJECT}:{MEMBER_KEYS}")
     if raw_keys is not None:
@@ -240,6 +248,7 @@ def load() -> Settings:
         warnings=tuple(w for w in [control_path_warning(stack_config)] if w),
         member_keys=member_keys,
         alert_webhook=optional[ALERT_WEBHOOK],
+        front_door_key=optional[FRONTDOOR_KEY],
     )
 
 

@@ -188,6 +188,61 @@ class FirewallConfig(_Strict):
                                  "`up` applying it is rolled back after this long")  # fmt: skip
 
 
+FRONTDOOR_IMAGE = "deepseek-spark-frontdoor:nginx-1.22"  # built from programs/frontdoor/Dockerfile (Debian's nginx)
+CERT_NAME = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$|^[0-9.]+$"
+
+
+class CertificateConfig(_Strict):
+    """Where the front door's certificate comes from (docs/front-door.md): a CA of the stack's own, made where
+    Pulumi runs (default), or the owner's own certificate and key (a company CA)."""
+
+    source: Literal["stack-ca", "own"] = Field(
+        default="stack-ca", description="stack-ca: the stack's own CA issues it (clients get the CA); own: "
+        "`certificate` here and its key in the secret `deepseek-spark:frontDoorKey`"
+    )
+    certificate: str | None = Field(default=None, description="source own: the certificate chain (PEM, the server's "
+                                    "first), for every name clients use")  # fmt: skip
+    ca: str | None = Field(default=None, description="source own: the CA clients verify it with (PEM; default: the "
+                           "system's CAs)")  # fmt: skip
+    validity_days: int = Field(default=90, ge=2, le=825, description="stack-ca: how long a server certificate lasts")
+    renew_before_days: int = Field(default=30, ge=1, le=824, description="renewed (by the first `up`) this many days "
+                                   "before it expires; the preview warns from then on")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CertificateConfig":
+        if self.renew_before_days >= self.validity_days:
+            raise ValueError(f"renewBeforeDays: {self.renew_before_days} leaves nothing of validityDays "
+                             f"{self.validity_days}; fix: a renewBeforeDays below validityDays")  # fmt: skip
+        if self.source == "own" and not self.certificate:
+            raise ValueError("certificate: source own needs the certificate chain (PEM) here and its key in "
+                             "`pulumi config set --secret deepseek-spark:frontDoorKey < key.pem`")  # fmt: skip
+        if self.source == "stack-ca" and (self.certificate or self.ca):
+            raise ValueError("certificate: a certificate or ca given with source stack-ca would be ignored; fix: "
+                             "set source: own, or remove them")  # fmt: skip
+        for name in ("certificate", "ca"):
+            pem = getattr(self, name)
+            if pem and "-----BEGIN CERTIFICATE-----" not in pem:
+                raise ValueError(f"{name}: not a PEM certificate (-----BEGIN CERTIFICATE-----); fix: paste the PEM file")
+        return self
+
+
+class FrontDoorConfig(_Strict):
+    """The stack's one HTTPS endpoint (nginx, Debian's package) on the endpoint's node, in front of the gateway, the
+    router or the head: TLS, the OpenAI routes and /health only, streaming unbuffered (docs/front-door.md)."""
+
+    enabled: bool = Field(default=False, description="serve the endpoint over HTTPS through the front door")
+    port: int = Field(default=443, ge=1, le=65535, description="its port on the endpoint's node: the only one clients "
+                      "need; plain HTTP is not served")  # fmt: skip
+    names: list[Annotated[str, Field(pattern=CERT_NAME, max_length=253)]] = Field(
+        default_factory=list, description="more DNS names (or addresses) clients use for it; the node's name and "
+        "address are always on the certificate"
+    )
+    image: ImageRef = Field(default=FRONTDOOR_IMAGE, description="built on the node from programs/frontdoor/Dockerfile")
+    memory_mib: int = Field(default=256, ge=64, le=4096, alias="memoryMiB", description="its container's limit")
+    certificate: CertificateConfig = Field(default_factory=CertificateConfig, description="where its certificate "
+                                           "comes from")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GroupEntry:
     """One serving group: a name (none for a stack without `groups`) and its full config."""
@@ -209,6 +264,7 @@ class StackConfig:
     gateway: GatewayConfig | None = None
     monitoring: MonitoringConfig = MonitoringConfig()
     firewall: FirewallConfig = FirewallConfig()
+    front_door: FrontDoorConfig = FrontDoorConfig()
 
     @property
     def single(self) -> ClusterConfig | None:
@@ -217,7 +273,7 @@ class StackConfig:
 
 
 
-STACK_SECTIONS = ("router", "gateway", "monitoring", "firewall")  # the stack's own, beside the groups' fields
+STACK_SECTIONS = ("router", "gateway", "monitoring", "firewall", "frontDoor")  # the stack's own, beside the groups' fields
 GROUP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,14}[a-z0-9])?$")
 GROUP_FIELDS = ("engine", "nodes", "model", "image", "engineVersion", "imageBuild", "imageTimeoutMinutes", "serving", "engram",
                 "fabric", "share", "readiness", "memory", "alerts", "topology", "stateDir")  # fmt: skip
@@ -245,6 +301,12 @@ def parse_stack(raw: Any) -> StackConfig:
     router = gateway = None
     monitoring = MonitoringConfig()
     firewall = FirewallConfig()
+    front_door = FrontDoorConfig()
+    if raw.get("frontDoor") is not None:
+        try:
+            front_door = FrontDoorConfig.model_validate(raw["frontDoor"])
+        except ValidationError as exc:
+            problems += error_lines(exc, "cluster.frontDoor")
     if raw.get("firewall") is not None:
         try:
             firewall = FirewallConfig.model_validate(raw["firewall"])
@@ -308,5 +370,5 @@ def parse_stack(raw: Any) -> StackConfig:
         problems.append(f"cluster.groups: the name {dup!r} is used twice; every group needs its own name")
     if problems:
         raise ConfigError("invalid stack config:\n  " + "\n  ".join(problems))
-    return StackConfig(tuple(entries), router, gateway, monitoring, firewall)
+    return StackConfig(tuple(entries), router, gateway, monitoring, firewall, front_door)
 

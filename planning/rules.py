@@ -14,7 +14,8 @@ import dataclasses
 
 from . import rulebook
 # each rule module registers its rules with the rulebook when imported
-from . import budget_rules, link_rules, memory_rules, monitoring_rules, node_rules, router_rules  # noqa: F401
+from . import budget_rules, frontdoor_rules, link_rules, memory_rules, monitoring_rules, node_rules  # noqa: F401
+from . import router_rules  # noqa: F401
 from . import serving_rules
 from declared.cluster import ClusterConfig
 from declared.stack import StackConfig
@@ -31,7 +32,7 @@ ORDER = (
 STACK_ORDER = (
     "node-in-one-group", "one-served-model", "router-node", "router-port-free", "router-image", "gateway-node",
     "gateway-port-free", "gateway-member-models", "node-memory-budget", "node-memory-headroom-warning",
-    "monitoring-node", "monitoring-ports-free",
+    "monitoring-node", "monitoring-ports-free", "frontdoor-node", "frontdoor-port-free", "frontdoor-own-certificate",
 )  # fmt: skip
 
 

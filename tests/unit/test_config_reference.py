@@ -56,7 +56,7 @@ def expected_sections() -> dict[str, type]:
     walk(ClusterConfig, "cluster")
     for key, tp in typing.get_type_hints(StackConfig).items():
         for sub, suffix in _models_in(tp):
-            walk(sub, f"cluster.{key}{suffix}")
+            walk(sub, f"cluster.{_key(key)}{suffix}")
     return out
 
 
@@ -94,11 +94,16 @@ def test_every_model_of_the_schema_has_a_section():
     assert set(expected_sections()) <= set(PAGE)
 
 
+def _key(field: str) -> str:
+    """A StackConfig field as the stack file spells it (front_door: frontDoor)."""
+    return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), field)
+
+
 @pytest.mark.parametrize("path", sorted(expected_sections()))
 def test_every_field_is_in_its_section(path):
     model = expected_sections()[path]
     aliases = {f.alias or name for name, f in model.model_fields.items()}
-    extra = {f.name for f in dataclasses.fields(StackConfig)} if path == "cluster" else set()
+    extra = {_key(f.name) for f in dataclasses.fields(StackConfig)} if path == "cluster" else set()
     assert set(PAGE[path]) == aliases | extra
     for alias in aliases:
         assert len(PAGE[path][alias]) == len(reference.HEAD[0].split("|")) - 2, alias  # every column, no stray |
@@ -216,7 +221,8 @@ def _load_refuses(monkeypatch, tmp_path, values: dict[str, str], plain: tuple[st
     return str(err.value)
 
 
-SECRET_KEYS = [settings.API_KEY, settings.SSH_KEY, settings.HF_TOKEN, settings.MEMBER_KEYS, settings.ALERT_WEBHOOK]
+SECRET_KEYS = [settings.API_KEY, settings.SSH_KEY, settings.HF_TOKEN, settings.MEMBER_KEYS, settings.ALERT_WEBHOOK,
+               settings.FRONTDOOR_KEY]
 
 
 @pytest.mark.parametrize("key", SECRET_KEYS)
