@@ -8,7 +8,7 @@ import pulumi
 from components import deployment
 from declared.cluster import ConfigError
 from declared.settings import load
-from planning import budget, exposure, rules, stackplan
+from planning import budget, exposure, frontdoor, rules, stackplan
 
 try:
     settings = load()
@@ -29,8 +29,10 @@ for group in plan.groups:
     pulumi.log.info(where + budget.summary(group.budgets))  # every container on each node, against its budget
     pulumi.log.info(where + group.planes)
 pulumi.log.info(exposure.summary(plan.exposure))  # who may reach what on every node: the fence below applies it
+if plan.front_door is not None:
+    pulumi.log.info(frontdoor.summary(plan.front_door))  # the endpoint, its certificate and when it is renewed
 
 outputs = deployment.deploy(plan, settings.api_key, settings.ssh_private_key, settings.hf_token, settings.member_keys,
-                            settings.alert_webhook)
+                            settings.alert_webhook, settings.front_door_key)
 for name, value in outputs.items():
     pulumi.export(name, value)

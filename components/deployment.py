@@ -14,6 +14,7 @@ from planning.clientconfig import client_config
 
 from .cluster import DeepSeekCluster, DeepSeekClusterArgs
 from .fence import Fence, FenceArgs
+from .frontdoor import FrontDoor, FrontDoorArgs
 from .gateway import Gateway, GatewayArgs
 from .monitoring import Monitoring, MonitoringArgs
 from .readiness import Readiness, ReadinessArgs
@@ -35,7 +36,7 @@ def group_output(sp: StackPlan) -> dict[str, Any]:
 
 def deploy(
     cp: ClusterPlan, api_key: Any, ssh_private_key: Any = None, hf_token: Any = None, member_keys: Any = None,
-    alert_webhook: Any = None,
+    alert_webhook: Any = None, front_door_key: Any = None,
 ) -> dict[str, Any]:
     """Register every resource of the stack; returns the stack outputs by name."""
     router = Router(f"{cp.stack}-router", RouterArgs(cp.router, api_key, ssh_private_key)) if cp.router else None
@@ -75,11 +76,22 @@ def deploy(
         ready = Readiness(f"{cp.stack}-router-readiness", ReadinessArgs(cp.router.readiness, api_key, members))
         _router_outputs(cp, outputs, ready, api_key)
         upstream = [ready.check]
-    gateway = None
+    gateway = door = None
     if cp.gateway is not None:
         gateway = Gateway(f"{cp.stack}-gateway", GatewayArgs(cp.gateway, api_key, upstream, dict(member_keys or {}),
                                                              ssh_private_key))  # fmt: skip
-        _gateway_outputs(cp, outputs, gateway)
+    if cp.front_door is not None:
+        fp = cp.front_door
+        door = FrontDoor(f"{cp.stack}-frontdoor", FrontDoorArgs(
+            fp, nodes[fp.node.name], gateway.admin_key if gateway else api_key,
+            [gateway.readiness.check] if gateway else upstream, front_door_key))  # fmt: skip
+        outputs["front_door"] = _front_door_output(fp, door)
+        if gateway is None:
+            outputs["client_config"] = pulumi.Output.secret(pulumi.Output.all(door.readiness.ready, api_key, door.ca_pem)
+                                                            .apply(lambda v: client_config(cp.endpoint, cp.model, v[1],
+                                                                                           v[2])))  # fmt: skip
+    if gateway is not None:
+        _gateway_outputs(cp, outputs, gateway, door)
     mp = cp.monitoring
     if mp is not None and (mp.exporters or mp.server is not None):
         ready = [gateway.readiness.check] if gateway else upstream
@@ -89,7 +101,18 @@ def deploy(
     return outputs
 
 
-def _gateway_outputs(cp: ClusterPlan, outputs: dict[str, Any], gw: Gateway) -> None:
+def _front_door_output(fp, door: FrontDoor) -> dict[str, Any]:
+    """Where the front door is, what its certificate names and when a new one is issued, and its CA (public)."""
+    import datetime as dt
+
+    cert = {"source": fp.source, "names": list(fp.names)}
+    if fp.source == "stack-ca":
+        cert.update(fp.renewal(dt.date.today()))
+    return {"node": fp.node.name, "endpoint": fp.endpoint, "container": fp.container.name, "certificate": cert,
+            "ca_pem": door.ca_pem}
+
+
+def _gateway_outputs(cp: ClusterPlan, outputs: dict[str, Any], gw: Gateway, door: FrontDoor | None = None) -> None:
     """With a gateway, clients get its endpoint: each member has their own config in `member_configs`, the admin's
     (LiteLLM's master key: operator tools) is `admin_config`, named as such, and there is no `client_config` that
     could hand it out; the internal key stays in `api_key` for the operator alone."""
@@ -105,15 +128,17 @@ def _gateway_outputs(cp: ClusterPlan, outputs: dict[str, Any], gw: Gateway) -> N
         "admin_key": gw.admin_key,
         "metrics_key": gw.metrics_key,
     }
-    ready = gw.readiness.ready
+    # through the front door when there is one: its endpoint, its CA, and only once a request went through it
+    ready = door.readiness.ready if door else gw.readiness.ready
+    ca = door.ca_pem if door else None
     outputs.pop("client_config", None)
     outputs["admin_config"] = pulumi.Output.secret(
-        pulumi.Output.all(ready, gw.admin_key).apply(lambda v: client_config(gp.endpoint, cp.model, v[1]))
+        pulumi.Output.all(ready, gw.admin_key, ca).apply(lambda v: client_config(cp.endpoint, cp.model, v[1], v[2]))
     )
     names = list(gw.member_keys)
     outputs["member_configs"] = pulumi.Output.secret(
-        pulumi.Output.all(ready, *(gw.member_keys[n] for n in names)).apply(
-            lambda v: {n: client_config(gp.endpoint, cp.model, k) for n, k in zip(names, v[1:])}
+        pulumi.Output.all(ready, ca, *(gw.member_keys[n] for n in names)).apply(
+            lambda v: {n: client_config(cp.endpoint, cp.model, k, v[1]) for n, k in zip(names, v[2:])}
         )
     )
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import pulumi
 from pulumi_command import local
 
-from planning import commands, memoryplan
+from planning import commands, frontdoor, memoryplan
 from planning.clusterplan import ReadinessPlan
 
 
@@ -22,6 +22,7 @@ class ReadinessArgs:
     readiness: ReadinessPlan
     api_key: Any  # secret Output[str]
     ranks: list[pulumi.Resource]
+    ca_pem: Any = None  # Output[str]: the front door's CA, which an https probe verifies it with
 
 
 class Readiness(pulumi.ComponentResource):
@@ -32,7 +33,8 @@ class Readiness(pulumi.ComponentResource):
         self.check = local.Command(
             f"{name}-check",
             create=args.readiness.command,
-            environment={commands.READINESS_KEY_ENV: args.api_key},
+            environment={commands.READINESS_KEY_ENV: args.api_key,
+                         **({frontdoor.CA_ENV: args.ca_pem} if args.ca_pem is not None else {})},
             # Probe again whenever any rank was (re)created: a new group, or one recovered after a refresh.
             triggers=[r.id for r in args.ranks],
             add_previous_output_in_env=False,

@@ -13,6 +13,7 @@ class Client:
     api_key: str
     model: str
     stack: str = ""
+    ca_pem: Optional[str] = None  # the CA an https endpoint is verified with (the front door's); None: the system's
 
     @property
     def chat_completions_url(self) -> str:
@@ -36,9 +37,11 @@ def litellm_config(c: Client, key_env: Optional[str] = None) -> dict:
     }
 
 
-def client_config(endpoint: str, model: str, api_key: str) -> dict:
-    """What an OpenAI SDK, curl or a gateway needs (holds the key: exported as a secret)."""
+def client_config(endpoint: str, model: str, api_key: str, ca_pem: Optional[str] = None) -> dict:
+    """What an OpenAI SDK, curl or a gateway needs (holds the key: exported as a secret); `ca_pem`: the CA its https
+    endpoint is verified with (`dspark.clients` writes it to a file each format points at)."""
     return {
+        **({"ca_pem": ca_pem} if ca_pem else {}),
         "base_url": endpoint,
         "api_key": api_key,
         "model": model,

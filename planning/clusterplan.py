@@ -12,6 +12,7 @@ from typing import Optional
 from . import memoryplan, plan, routing
 from .budget import NodeBudget
 from .exposure import NodeExposure
+from .frontdoor import FrontDoorPlan
 from .gateway import GatewayPlan
 from .guard import GuardPlan
 from .nodeplan import NodePlan
@@ -151,6 +152,7 @@ class ClusterPlan:
     gateway: Optional[GatewayPlan] = None  # the team gateway in front of it all (gateway.members' keys)
     monitoring: Optional[MonitoringPlan] = None  # node exporters, and Prometheus + Alertmanager
     exposure: tuple[NodeExposure, ...] = ()  # every node's listeners, who may reach them, its fence (exposure.build)
+    front_door: Optional[FrontDoorPlan] = None  # the stack's one HTTPS port (frontDoor.enabled)
 
     @property
     def upstream(self) -> str:
@@ -158,9 +160,14 @@ class ClusterPlan:
         return self.router.endpoint if self.router else self.groups[0].endpoint
 
     @property
-    def endpoint(self) -> str:
-        """The stack's endpoint: the gateway's when there is one."""
+    def inner_endpoint(self) -> str:
+        """What answers behind the front door: the gateway's when there is one, else the router's or the group's."""
         return self.gateway.endpoint if self.gateway else self.upstream
+
+    @property
+    def endpoint(self) -> str:
+        """The stack's endpoint: the front door's when there is one."""
+        return self.front_door.endpoint if self.front_door else self.inner_endpoint
 
     @property
     def model(self) -> str:

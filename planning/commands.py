@@ -413,11 +413,12 @@ def ssh_opts(cfg: ClusterConfig) -> list[str]:
 
 
 def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hint: str = "",
-              health_path: str = "/health", tunnel: bool = False) -> str:  # fmt: skip
+              health_path: str = "/health", tunnel: bool = False, ca_env: str = "") -> str:  # fmt: skip
     """Local command: wait for rank 0 /health, then one authenticated chat completion, failing at
     once if a rank's container exits meanwhile. `url`: probe that endpoint (the router's, the gateway's
     at `health_path`) instead, without watching ranks. `tunnel`: rank 0's API is an inner port behind
-    the stack's front (the fence lets only the stack's parts in): reach it through ssh to the head."""
+    the stack's front (the fence lets only the stack's parts in): reach it through ssh to the head. `ca_env`: an
+    https `url` is verified with the CA (PEM) in that environment variable (the front door's)."""
     r = cfg.readiness
     ranks = [
         f"--rank {q(f'{rank}={plan.container_name(stack, rank)}@{n.ssh_user}@{n.host}:{n.ssh_port}')}"
@@ -440,6 +441,7 @@ def readiness(cfg: ClusterConfig, stack: str, url: str | None = None, restart_hi
             *([f"--restart-hint {q(restart_hint)}"] if ranks and restart_hint else []),
             *([f"--health-path {q(health_path)}"] if health_path != "/health" else []),
             *([f"--tunnel {q(f'{cfg.nodes[0].ssh_user}@{cfg.nodes[0].host}:{cfg.nodes[0].ssh_port}')}"] if tunnel else []),
+            *([f"--ca-env {ca_env}"] if ca_env else []),
             *(f"--ssh-opt={q(o)}" for o in (ssh_opts(cfg) if ranks or tunnel else [])),
         ]
     )

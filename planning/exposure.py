@@ -202,10 +202,15 @@ def _stack_listeners(sc: StackConfig, stack: str, node_name: str) -> list[Listen
         host = next(n.host for e in sc.groups for n in e.cfg.nodes if n.name == node_name)
         out.append(Listener("node exporter", f"{stack}-node-exporter", (port, port), "management", host,
                             ("monitoring",), "none (node figures only)"))
+    door = sc.front_door
+    if door.enabled and door_node(sc) == node_name:
+        out.append(Listener("front door (nginx, TLS): the endpoint", f"{stack}-frontdoor", (door.port, door.port),
+                            "management", _host(sc, node_name), ("clients",), "TLS 1.2+ with the stack's certificate; "
+                            "the OpenAI routes and /health only, the key checked behind it"))  # fmt: skip
     r = sc.router
     if r is not None and r.node == node_name:
         host = _host(sc, node_name)
-        front = sc.gateway is None
+        front = sc.gateway is None and not door.enabled
         out.append(Listener(f"router API{': the endpoint' if front else ''}", f"{stack}-router", (r.port, r.port),
                             "management", host, ("clients", "stack") if front else ("stack", "operators"),
                             "API key on its POST routes and /workers (sglang-router); GETs of model info answer "
@@ -215,9 +220,10 @@ def _stack_listeners(sc: StackConfig, stack: str, node_name: str) -> list[Listen
     gw = sc.gateway
     if gw is not None and _gateway_node(sc) == node_name:
         host = _host(sc, node_name)
-        out.append(Listener("team gateway (LiteLLM): the endpoint", f"{stack}-gateway", (gw.port, gw.port),
-                            "management", host, ("clients", "monitoring"), "a key per member (its /metrics: the "
-                            "metrics key)"))  # fmt: skip
+        out.append(Listener(f"team gateway (LiteLLM){'' if door.enabled else ': the endpoint'}", f"{stack}-gateway",
+                            (gw.port, gw.port), "management", host,
+                            ("stack", "monitoring") if door.enabled else ("clients", "monitoring"),
+                            "a key per member (its /metrics: the metrics key)"))  # fmt: skip
         out.append(Listener("gateway database (PostgreSQL)", f"{stack}-gateway-db",
                             (gw.database_port, gw.database_port), "loopback", LOOPBACK, ("node",), "password"))
     s = mc.server
@@ -237,6 +243,15 @@ def _host(sc: StackConfig, node_name: str) -> str:
 def _gateway_node(sc: StackConfig) -> str:
     gw = sc.gateway
     return gw.node or (sc.router.node if sc.router and sc.router.node != LOCAL else sc.groups[0].cfg.nodes[0].name)
+
+
+def door_node(sc: StackConfig) -> str:
+    """Where the front door runs: on the endpoint's node (the gateway's, else the router's, else the head)."""
+    if sc.gateway is not None:
+        return _gateway_node(sc)
+    if sc.router is not None and sc.router.node != LOCAL:
+        return sc.router.node
+    return sc.groups[0].cfg.nodes[0].name
 
 
 def _monitoring_node(sc: StackConfig) -> str:
@@ -275,7 +290,7 @@ def build(sc: StackConfig, stack: str) -> tuple[NodeExposure, ...]:
     fw = sc.firewall
     hosts = tuple(sorted({n.host for e in sc.groups for n in e.cfg.nodes}))
     monitoring = ((_host(sc, _monitoring_node(sc)),) if sc.monitoring.server else ()) + tuple(fw.scrapers)
-    fronted = sc.router is not None or sc.gateway is not None
+    fronted = sc.router is not None or sc.gateway is not None or sc.front_door.enabled
     local_router = sc.router is not None and sc.router.node == LOCAL
     out = []
     for e in sc.groups:

@@ -9,12 +9,13 @@ dataclasses are in planning/clusterplan.py (a node's: planning/nodeplan.py); thi
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from . import alerts, budget, clusterplan, commands, exposure, fabric, imagebuild, memoryplan, monitoring, nodeplan
-from . import plan, prometheus, routing
+from . import frontdoor, plan, prometheus, routing
 from . import gateway as gateway_plan
 from . import guard as guard_plan
 from .budget import NodeBudget
@@ -164,13 +165,13 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
               tuple(b for b in budgets if b.group == i))
         for i, e in enumerate(sc.groups)
     )
-    if sc.router is not None or sc.gateway is not None:  # a group behind the stack's front: its API is an inner port
+    if sc.router is not None or sc.gateway is not None or sc.front_door.enabled:  # behind the stack's front: inner
         groups = tuple(replace(g, readiness=clusterplan.ReadinessPlan(
             commands.readiness(e.cfg, g.stack, restart_hint=restart_hint(g.stack, e.name), tunnel=True),
             g.readiness.timeout_minutes)) for g, e in zip(groups, sc.groups))  # fmt: skip
     if sc.router is None:
         cp = clusterplan.ClusterPlan(stack, groups, None, tuple(None for _ in groups))
-        return _monitoring(sc, stack, replace(cp, gateway=_gateway(sc, stack, cp)))
+        return _monitoring(sc, stack, _front_door(sc, stack, replace(cp, gateway=_gateway(sc, stack, cp))))
     r = sc.router
     workers = [routing.worker_url(e.cfg.nodes[0].host, e.cfg.serving.port) for e in sc.groups]
     if r.node == LOCAL:  # where Pulumi runs: its docker engine, a key file in its user's state dir
@@ -214,7 +215,7 @@ def build_stack(sc: StackConfig, stack: str, host_keys: tuple[tuple[Optional[str
                                                      tuple(b.rank.need_mib for b in g.budgets)))
                    for g, e, w in zip(groups, sc.groups, workers))  # fmt: skip
     cp = clusterplan.ClusterPlan(stack, groups, router, members)
-    return _monitoring(sc, stack, replace(cp, gateway=_gateway(sc, stack, cp)))
+    return _monitoring(sc, stack, _front_door(sc, stack, replace(cp, gateway=_gateway(sc, stack, cp))))
 
 
 def _monitoring(sc: StackConfig, stack: str, cp: clusterplan.ClusterPlan) -> clusterplan.ClusterPlan:
@@ -254,6 +255,28 @@ def _gateway(sc: StackConfig, stack: str, cp: clusterplan.ClusterPlan) -> Option
     url = f"http://{gw.address or node.host}:{gw.port}/v1"
     return gateway_plan.build(
         gw, stack, node, plan.state_dir(cfg, node.ssh_user), commands.key_sudo(cfg, node.ssh_user), cp.model,
-        cp.upstream, commands.readiness(cfg, stack, url=url, health_path=gateway_plan.HEALTH_PATH),
+        cp.upstream, commands.readiness(cfg, stack, url=url, health_path=gateway_plan.HEALTH_PATH,
+                                        tunnel=sc.front_door.enabled),  # behind the door: an inner port
         cfg.readiness.timeout_seconds // 60 + 5,
     )
+
+
+def _front_door(sc: StackConfig, stack: str, cp: clusterplan.ClusterPlan,
+                today: Optional[dt.date] = None) -> clusterplan.ClusterPlan:  # fmt: skip
+    """The front door on the endpoint's node (exposure.door_node; rules.check_stack made sure it has one), in front of
+    the gateway, the router or the head; its probe goes through it and verifies its certificate."""
+    fd = sc.front_door
+    if not fd.enabled:
+        return cp
+    where = exposure.door_node(sc)
+    gi, ni = next((i, j) for i, e in enumerate(sc.groups) for j, n in enumerate(e.cfg.nodes) if n.name == where)
+    cfg, node = sc.groups[gi].cfg, cp.groups[gi].nodes[ni]
+    inner = cp.inner_endpoint
+    health = gateway_plan.HEALTH_PATH if cp.gateway else "/health"
+    timeout = (sc.gateway.request_timeout_seconds if sc.gateway else
+               sc.router.request_timeout_seconds if sc.router else cfg.readiness.timeout_seconds)  # fmt: skip
+    probe_url = f"https://{node.host}" + ("" if fd.port == 443 else f":{fd.port}") + "/v1"
+    door = frontdoor.build(fd, stack, node, plan.state_dir(cfg, node.ssh_user), commands.key_sudo(cfg, node.ssh_user),
+                           inner, health, timeout, commands.readiness(cfg, stack, url=probe_url, ca_env=frontdoor.CA_ENV),
+                           cfg.readiness.timeout_seconds // 60 + 5, today or dt.date.today())  # fmt: skip
+    return replace(cp, front_door=door)

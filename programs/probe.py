@@ -251,6 +251,15 @@ def wait_ready(
         sleep(interval)
 
 
+def trust(ca_pem: str) -> None:
+    """Verify https URLs with this CA (PEM) alone from now on (urllib's default opener)."""
+    import ssl
+
+    if ca_pem.strip():
+        ctx = ssl.create_default_context(cadata=ca_pem)
+        urllib.request.install_opener(urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="OpenAI base URL ending in /v1")
@@ -268,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-shortfall", choices=["fail", "warn"], default="fail")
     p.add_argument("--restart-hint", default="", help="how to start the group over, said when a rank is down")
     p.add_argument("--health-path", default="/health", help="the unauthenticated health route (LiteLLM: /health/readiness)")
+    p.add_argument("--ca-env", metavar="NAME", help="environment variable holding the CA (PEM) an https --url is "
+                   "verified with (the front door's); the system's CAs otherwise")
     p.add_argument("--tunnel", metavar="USER@HOST:PORT", help="reach --url through ssh to this node (an inner port the "
                    "fence lets only the stack's own parts reach)")
     a = p.parse_args(argv)
@@ -275,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     if not key:
         print(f"readiness: ${a.key_env} is empty; the API key must come through the environment", file=sys.stderr)
         return 2
+    if a.ca_env:
+        trust(os.environ.get(a.ca_env, ""))
     if not a.tunnel:
         return probe(a, key, a.url)
     target, port = a.tunnel.rsplit(":", 1)
