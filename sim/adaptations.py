@@ -243,6 +243,13 @@ ADAPTATIONS: list[Adaptation] = [
                "its `docker build` from the Dockerfile on stdin (debian:bookworm-slim, apt) never runs in the sim",
                "no registry is reachable: debian:bookworm-slim cannot be pulled; the test machine is not aarch64",
                "sim/images.py, planning/prometheus.py"),
+    Adaptation("the front door image deepseek-spark-frontdoor:nginx-1.22 (REAL nginx 1.22.1, Debian bookworm's "
+               "package) is built by the sim on a debootstrap minbase and loaded into each node's engine at create, "
+               "labelled with programs/frontdoor/Dockerfile's digest, so the program's build step builds nothing; its "
+               "STOPSIGNAL (SIGQUIT) is not in the sim's image (docker commit takes no STOPSIGNAL): the program sets "
+               "the container's stop signal itself",
+               "no registry is reachable: debian:bookworm-slim cannot be pulled; the test machine is not aarch64",
+               "sim/images.py, planning/frontdoor.py"),
     Adaptation("the node exporter on a sim node reads the node's /proc/meminfo (the memory model, through the node's "
                "/ mounted at /host) but every other collector reads the test machine's shared kernel (CPU, disks, "
                "network); Alertmanager's webhook is a receiver on the test machine (the e2e's alertWebhook)",

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planning import prometheus
+from planning import frontdoor, prometheus
 
 from . import backend
-from .rootfs import (ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS, NODE_ROOTFS, ROOTFS, RootfsSpec, base_tag,
-                     build_rootfs, cache_dir, ensure_base, rootfs_path)
+from .rootfs import (ENGINE_ROOTFS, FRONTDOOR_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS, NODE_ROOTFS, ROOTFS, RootfsSpec,
+                     base_tag, build_rootfs, cache_dir, ensure_base, rootfs_path)
 from .testdouble import engram
 
 SIM_VERSION = "5"  # bump when a node built from an older image must be re-created (cluster.create does)
@@ -46,6 +46,7 @@ VLLM_IMAGE = "vllm-sim:test-double"
 ENGINE_IMAGES = (ENGINE_IMAGE, VLLM_IMAGE)  # one image, two names; saved together, loaded together
 GATEWAY_IMAGE = "deepseek-spark-gateway:litellm-1.110.2"
 MONITORING_IMAGE = "deepseek-spark-monitoring:bookworm"  # declared.stack.MONITORING_IMAGE
+FRONTDOOR_IMAGE = "deepseek-spark-frontdoor:nginx-1.22"  # declared.stack.FRONTDOOR_IMAGE
 FIXED_MTIME = 1735689600  # 2025-01-01T00:00:00Z: deterministic tars
 
 
@@ -220,7 +221,15 @@ MONITORING = PackagedImage(MONITORING_IMAGE, MONITORING_ROOTFS, (
     # this one already, so the program's build finds it current and builds nothing
     f"LABEL {prometheus.BUILT_FROM}={prometheus.dockerfile_digest(prometheus.DOCKERFILE.read_text())}",
 ))
-PACKAGED = (GATEWAY, MONITORING)  # every node holds each
+FRONTDOOR = PackagedImage(FRONTDOOR_IMAGE, FRONTDOOR_ROOTFS, (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    'CMD ["nginx", "-g", "daemon off;"]',
+    f"LABEL deepseek-spark.sim.image=frontdoor {_PACKAGES_ONLY} deepseek-spark.frontdoor.nginx=1.22",
+    # what the program's build on a node labels its image with (planning/frontdoor.py): the nodes hold this one
+    # already, so the program's build finds it current and builds nothing
+    f"LABEL {frontdoor.BUILT_FROM}={frontdoor.imagebuild_digest(frontdoor.DOCKERFILE.read_text())}",
+))
+PACKAGED = (GATEWAY, MONITORING, FRONTDOOR)  # every node holds each
 
 
 CLI_SCRIPT = '''#!/usr/bin/python3

@@ -175,7 +175,9 @@ GATEWAY_ROOTFS = RootfsSpec("gateway", ("python3", "postgresql-15", "ca-certific
                             remove=("etc/postgresql/15", "var/lib/postgresql/15"))
 MONITORING_ROOTFS = RootfsSpec("monitoring", ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter",
                                               "ca-certificates"))
-ROOTFS = (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS)
+# the front door: Debian's nginx, what programs/frontdoor/Dockerfile installs
+FRONTDOOR_ROOTFS = RootfsSpec("frontdoor", ("nginx", "ca-certificates"))
+ROOTFS = (NODE_ROOTFS, ENGINE_ROOTFS, GATEWAY_ROOTFS, MONITORING_ROOTFS, FRONTDOOR_ROOTFS)
 
 
 # ------------------------------------------------------------------ builds (side effects) ----
