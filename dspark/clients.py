@@ -69,8 +69,9 @@ def client_from_outputs(outputs: Mapping[str, Any], stack: str = "", member: Opt
             raise ClientConfigError(f"no member {member!r} in the stack outputs (members: {', '.join(known) or 'none'}; "
                                     "add them under cluster.gateway.members and run `pulumi up`)")  # fmt: skip
         cc = configs[member]
+    ca_pem = None
     if isinstance(cc, Mapping):
-        base_url, api_key, model = cc.get("base_url"), cc.get("api_key"), cc.get("model")
+        base_url, api_key, model, ca_pem = cc.get("base_url"), cc.get("api_key"), cc.get("model"), cc.get("ca_pem")
     else:
         base_url, api_key, model = outputs.get("endpoint"), outputs.get("api_key"), outputs.get("model")
     missing = [n for n, v in (("base_url/endpoint", base_url), ("model", model)) if not isinstance(v, str) or not v]
@@ -87,7 +88,8 @@ def client_from_outputs(outputs: Mapping[str, Any], stack: str = "", member: Opt
         raise ClientConfigError("the stack outputs have no api_key; the endpoint requires one")
     if not re.match(r"^https?://[^/\s]+(/\S*)?$", base_url):
         raise ClientConfigError(f"endpoint {base_url!r} is not an http(s) URL")
-    return Client(base_url=base_url.rstrip("/"), api_key=api_key, model=model, stack=stack)
+    return Client(base_url=base_url.rstrip("/"), api_key=api_key, model=model, stack=stack,
+                  ca_pem=ca_pem if isinstance(ca_pem, str) and ca_pem.strip() else None)
 
 
 def operator_client(outputs: Mapping[str, Any], stack: str = "") -> Client:
@@ -144,8 +146,9 @@ def _env_value(value: str) -> str:
     return value if _ENV_SAFE.match(value) else shlex.quote(value)
 
 
-def render_openai_env(c: Client) -> str:
-    """Env file for the OpenAI SDKs (they read OPENAI_BASE_URL and OPENAI_API_KEY) and most tools."""
+def render_openai_env(c: Client, ca_file: Optional[str] = None) -> str:
+    """Env file for the OpenAI SDKs (they read OPENAI_BASE_URL and OPENAI_API_KEY) and most tools; with the front
+    door's CA, SSL_CERT_FILE (httpx, so the OpenAI SDKs, requests and curl read it)."""
     title = f" {c.stack}" if c.stack else ""
     return (
         f"# deepseek-spark{title}: OpenAI-compatible endpoint. Holds the API key (mode 600).\n"
@@ -153,6 +156,7 @@ def render_openai_env(c: Client) -> str:
         f"OPENAI_BASE_URL={_env_value(c.base_url)}\n"
         f"OPENAI_API_KEY={_env_value(c.api_key)}\n"
         f"OPENAI_MODEL={_env_value(c.model)}\n"
+        + (f"SSL_CERT_FILE={_env_value(ca_file)}\n" if ca_file else "")
     )
 
 
@@ -160,7 +164,7 @@ def _yaml_scalar(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid YAML double-quoted scalar
 
 
-def render_litellm(c: Client, key_env: Optional[str] = None) -> str:
+def render_litellm(c: Client, key_env: Optional[str] = None, ca_file: Optional[str] = None) -> str:
     cfg = litellm_config(c, key_env)
     entry = cfg["model_list"][0]
     p = entry["litellm_params"]
@@ -174,10 +178,11 @@ def render_litellm(c: Client, key_env: Optional[str] = None) -> str:
         f"      model: {_yaml_scalar(p['model'])}\n"
         f"      api_base: {_yaml_scalar(p['api_base'])}\n"
         f"      api_key: {_yaml_scalar(p['api_key'])}\n"
+        + (f"      ssl_verify: {_yaml_scalar(ca_file)}\n" if ca_file else "")
     )
 
 
-def render_curl(c: Client, key_env: Optional[str] = None, prompt: str = PROMPT) -> str:
+def render_curl(c: Client, key_env: Optional[str] = None, prompt: str = PROMPT, ca_file: Optional[str] = None) -> str:
     """A sh script: one chat completion. The key goes to curl on stdin (`-H @-`), never in argv."""
     body = json.dumps({"model": c.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64})
     key_line = (
@@ -191,19 +196,21 @@ def render_curl(c: Client, key_env: Optional[str] = None, prompt: str = PROMPT) 
         "set -eu\n"
         f"{key_line}\n"
         "printf 'Authorization: Bearer %s\\n' \"$key\" |\n"
-        f"  curl -sS --fail-with-body {shlex.quote(c.chat_completions_url)} \\\n"
+        f"  curl -sS --fail-with-body {'--cacert ' + shlex.quote(ca_file) + ' ' if ca_file else ''}"
+        f"{shlex.quote(c.chat_completions_url)} \\\n"
         "    -H @- -H 'Content-Type: application/json' \\\n"
         f"    -d {shlex.quote(body)}\n"
     )
 
 
-def render(c: Client, fmt: str, key_env: Optional[str] = None) -> str:
+def render(c: Client, fmt: str, key_env: Optional[str] = None, ca_file: Optional[str] = None) -> str:
+    """`ca_file`: where the endpoint's CA (c.ca_pem) is written; each format points its client at it."""
     if fmt == "openai-env":
-        return render_openai_env(c)
+        return render_openai_env(c, ca_file)
     if fmt == "litellm":
-        return render_litellm(c, key_env)
+        return render_litellm(c, key_env, ca_file)
     if fmt == "curl":
-        return render_curl(c, key_env)
+        return render_curl(c, key_env, ca_file=ca_file)
     raise ClientConfigError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
 
 
@@ -287,6 +294,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--member", metavar="NAME", help="a team member's own config (stacks with the gateway)")
     who.add_argument("--admin", action="store_true", help="the gateway admin's config (LiteLLM's master key)")
+    parser.add_argument("--ca-out", metavar="FILE", help="where to write the endpoint's CA (front door with the stack's "
+                        "CA; mode 600; default: beside --out as <name>.ca.pem, else ./<stack>.ca.pem)")
     parser.add_argument("--key-env", metavar="NAME",
                         help="litellm/curl: read the key from env var NAME instead of writing it into the file")  # fmt: skip
     args = parser.parse_args(argv)
@@ -301,9 +310,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.format == "grafana":
             text = render_grafana(outputs, args.stack or "")
         else:
-            text = render(client_from_outputs(outputs, stack=args.stack or "", member=args.member,
-                                              admin=args.admin), args.format,
-                          args.key_env)
+            client = client_from_outputs(outputs, stack=args.stack or "", member=args.member, admin=args.admin)
+            ca_file = None
+            if client.ca_pem:
+                ca_file = str(Path(args.ca_out or (Path(args.out).with_suffix(".ca.pem") if args.out else
+                                                   f"{args.stack or 'deepseek-spark'}.ca.pem")).resolve())  # fmt: skip
+                write_private(ca_file, client.ca_pem)
+                print(f"wrote {ca_file} (the endpoint's CA, mode 600)", file=sys.stderr)
+            text = render(client, args.format, args.key_env, ca_file)
     except ClientConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

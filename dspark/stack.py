@@ -13,6 +13,7 @@ import yaml
 
 from dspark import clients
 from planning import clusterplan, plan, rules, stackplan
+from programs import probe
 from declared.cluster import CLUSTER_KEY, PROJECT, ClusterConfig, ConfigError
 from declared.stack import StackConfig, parse_stack
 
@@ -98,6 +99,9 @@ class Stack:
                 self._outputs_error = f"stack outputs unavailable: {exc}"
             except OSError as exc:
                 self._outputs_error = f"stack outputs unavailable: {exc}"
+            door = (self._outputs or {}).get("front_door")
+            if isinstance(door, dict) and isinstance(door.get("ca_pem"), str):
+                probe.trust(door["ca_pem"])  # the endpoint is the front door: verify it with the stack's CA
         return self._outputs, self._outputs_error
 
     def api_key(self) -> Optional[str]:

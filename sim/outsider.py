@@ -50,18 +50,21 @@ def scan(cluster: str) -> dict[str, list[int]]:
     return found
 
 
-def http(cluster: str, method: str, url: str, body: str = "", headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """One request from the outsider: (status, body) — status 0 when nothing answered (refused, dropped)."""
+def http(cluster: str, method: str, url: str, body: str = "", headers: dict[str, str] | None = None,
+         ca_pem: str = "") -> tuple[int, str]:  # fmt: skip
+    """One request from the outsider: (status, body) — status 0 when nothing answered (refused, dropped);
+    `ca_pem`: an https URL is verified with this CA (the front door's)."""
     code = r"""
-import json, sys, urllib.request, urllib.error
-method, url, body, headers = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+import json, ssl, sys, urllib.request, urllib.error
+method, url, body, headers, ca = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5]
 req = urllib.request.Request(url, data=body.encode() if body else None, method=method, headers=headers)
+ctx = ssl.create_default_context(cadata=ca) if ca else None
 try:
-    with urllib.request.urlopen(req, timeout=5) as r: print(json.dumps([r.status, r.read().decode(errors="replace")[:2000]]))
+    with urllib.request.urlopen(req, timeout=5, context=ctx) as r: print(json.dumps([r.status, r.read().decode(errors="replace")[:2000]]))
 except urllib.error.HTTPError as e: print(json.dumps([e.code, e.read().decode(errors="replace")[:2000]]))
 except Exception as e: print(json.dumps([0, f"{type(e).__name__}: {e}"]))
 """
-    r = run(cluster, ["python3", "-c", code, method, url, body, json.dumps(headers or {})], timeout=120)
+    r = run(cluster, ["python3", "-c", code, method, url, body, json.dumps(headers or {}), ca_pem], timeout=120)
     status, text = json.loads(r.stdout.strip().splitlines()[-1])
     return status, text
 

@@ -318,8 +318,15 @@ def client_env(project: PulumiProject, tmp_path: Path) -> dict[str, str]:
 def openai_client(env: dict[str, str], key: str | None = None):
     import openai
 
+    http_client = None
+    if env.get("SSL_CERT_FILE"):  # the front door's CA, as the env file gives it (httpx reads it from os.environ)
+        import ssl
+
+        import httpx
+
+        http_client = httpx.Client(verify=ssl.create_default_context(cafile=env["SSL_CERT_FILE"]), timeout=30)
     client = openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=key or env["OPENAI_API_KEY"], max_retries=0,
-                           timeout=30)  # fmt: skip
+                           timeout=30, http_client=http_client)  # fmt: skip
     return client, env["OPENAI_MODEL"]
 
 

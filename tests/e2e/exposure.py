@@ -13,7 +13,7 @@ def endpoint_port(outputs: dict) -> tuple[str, int]:
     from urllib.parse import urlsplit
 
     u = urlsplit(outputs["endpoint"])
-    return u.hostname, u.port
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80)
 
 
 def listener_of(outputs: dict, node: str, port: int) -> str:
@@ -42,12 +42,15 @@ def check_closed(cluster: str, stack: str, outputs: dict) -> dict[str, list[int]
     expected = {h: [22] + ([port] if h == host else []) for h in found}
     assert found == expected, f"open from outside: {found}, expected {expected}"
     base = outputs["endpoint"].removesuffix("/v1")
-    health = "/health/readiness" if "gateway" in outputs else "/health"
-    status, _ = outsider.http(cluster, "GET", base + health)
+    door = outputs.get("front_door") or {}
+    ca = door.get("ca_pem") or ""  # the front door's: /health there whatever it fronts
+    health = "/health/readiness" if "gateway" in outputs and not door else "/health"
+    status, _ = outsider.http(cluster, "GET", base + health, ca_pem=ca)
     assert status == 200, (health, status)
     chat = '{"model": "%s", "messages": [{"role": "user", "content": "What is 19 + 23?"}]}' % outputs["model"]
-    status, text = outsider.http(cluster, "POST", base + "/v1/chat/completions", chat)
+    status, text = outsider.http(cluster, "POST", base + "/v1/chat/completions", chat, ca_pem=ca)
     assert status in (401, 403), (status, text[:200])
     for path in ("/v1/models", "/metrics"):  # recorded: the router answers model lists to anyone it lets in
-        EXPOSURE[f"{stack} anonymous GET {path}"] = str(outsider.http(cluster, "GET", base + path)[0])
+        EXPOSURE[f"{stack} anonymous GET {path}{' (front door)' if door else ''}"] = str(
+            outsider.http(cluster, "GET", base + path, ca_pem=ca)[0])
     return found

@@ -20,7 +20,7 @@ import pytest
 from e2e import healing
 from e2e.conftest import (
     CLUSTER, ask, at, client_env, container_events, containers_of, dspark, first_event, monitoring_of, node_sh,
-    read_diagnose, secret_forms, shard_mtimes,
+    openai_client, read_diagnose, resources_summary, secret_forms, shard_mtimes,
 )  # fmt: skip
 from sim import cluster as sim_cluster
 from e2e.timings import TIMINGS
@@ -293,6 +293,100 @@ def test_taking_away_and_adding_back_the_monitoring_server_restarts_no_rank_and_
         asking.join()
         stack_file.write_text(original)
     assert len(answers) > 10 and [a for a in answers if a is not True] == [], answers[:20]
+
+
+def _served_certificate(host: str, ca_file: str) -> tuple[str, str]:
+    """(openssl s_client's summary, the served certificate's text) from this machine, verified with `ca_file`."""
+    import subprocess
+
+    conn = subprocess.run(["openssl", "s_client", "-connect", f"{host}:443", "-CAfile", ca_file, "-showcerts"],
+                          input="", capture_output=True, text=True, timeout=30)  # fmt: skip
+    cert = subprocess.run(["openssl", "x509", "-noout", "-subject", "-issuer", "-serial", "-ext", "subjectAltName"],
+                          input=conn.stdout, capture_output=True, text=True, timeout=30)  # fmt: skip
+    return conn.stdout, cert.stdout
+
+
+def test_the_front_door_serves_https_and_its_routes_only_and_a_new_certificate_restarts_nothing(up, project, tmp_path):
+    """frontDoor.enabled on the serving stack: one `up` puts nginx on spark1's 443 in front of the head, restarting
+    no rank; the client config's https endpoint answers (plain and streamed) with the stack's CA and is refused with
+    the system's; TLS 1.3 and a certificate naming the head's address, from the stack's CA; SGLang's admin routes get
+    403/404 at the door; from outside, ssh and 443 answer, nothing else (8888 is an inner port now). Then a new
+    certificate (certificate.validityDays changed: a new period, what a renewal is) through `up` while a client asks
+    all along: every request answered, no rank and not the door's container replaced, the new certificate served."""
+    import threading
+
+    import httpx
+    import openai
+    import yaml
+
+    from e2e import exposure
+    from sim import outsider
+
+    host = at("172.30.99.11")
+    ranks, revision = containers_of(STACK), project.outputs()["group_revision"]
+    stack_file = project.work_dir / f"Pulumi.{STACK}.yaml"
+    doc = yaml.safe_load(stack_file.read_text())
+    doc["config"]["deepseek-spark:cluster"]["frontDoor"] = {"enabled": True}
+    stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    preview = project.preview().check()
+    assert f"front door: https://{host}/v1 on spark1 (nginx, TLS 1.2+)" in preview.text, preview.text[-3000:]
+    project.timed("sim: front door on", project.up()).check()
+    out = project.outputs()
+    assert out["endpoint"] == f"https://{host}/v1" and out["group_revision"] == revision
+    assert {k: v for k, v in containers_of(STACK).items() if k in ranks} == ranks
+    door = containers_of(STACK, roles=("frontdoor",))
+    assert list(door) == ["sim-frontdoor"]
+
+    env = client_env(project, tmp_path)
+    assert env["OPENAI_BASE_URL"] == out["endpoint"] and Path(env["SSL_CERT_FILE"]).read_text() == out["front_door"]["ca_pem"]
+    assert "42" in ask(env)
+    client, model = openai_client(env)
+    chunks = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}],
+                                            max_tokens=32, stream=True)  # fmt: skip
+    assert "42" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    system_only = openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0,
+                                http_client=httpx.Client(verify=True, timeout=10))  # fmt: skip
+    with pytest.raises(openai.APIConnectionError):
+        system_only.models.list()
+    summary, cert = _served_certificate(host, env["SSL_CERT_FILE"])
+    assert "Protocol  : TLSv1.3" in summary and "Verify return code: 0 (ok)" in summary, summary[-1500:]
+    assert f"IP Address:{host}" in cert and "DNS:spark1" in cert and "deepseek-spark CA of stack sim" in cert, cert
+    key = {"Authorization": f"Bearer {env['OPENAI_API_KEY']}"}
+    for method, path in (("POST", "/flush_cache"), ("GET", "/server_info"), ("POST", "/update_weights_from_disk"),
+                         ("GET", "/get_model_info"), ("GET", "/metrics"), ("GET", "/health_generate")):  # fmt: skip
+        status = httpx.request(method, f"https://{host}{path}", headers=key, verify=env["SSL_CERT_FILE"]).status_code
+        assert status in (403, 404), (path, status)
+    exposure.check_closed(CLUSTER, STACK, out)
+    assert outsider.http(CLUSTER, "GET", f"http://{host}:8888/health")[0] == 0  # the head's port: an inner one now
+
+    before = cert
+    answers: list = []
+    stop = threading.Event()
+
+    def ask_all_along():
+        while not stop.is_set():
+            try:
+                answers.append("42" in ask(env))
+            except Exception as exc:  # noqa: BLE001  (any failure is a failed request: kept, then asserted)
+                answers.append(repr(exc))
+            time.sleep(0.2)
+
+    asking = threading.Thread(target=ask_all_along)
+    asking.start()
+    try:
+        doc["config"]["deepseek-spark:cluster"]["frontDoor"]["certificate"] = {"validityDays": 60}
+        stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        project.timed("sim: front door, a new certificate", project.up()).check()
+    finally:
+        stop.set()
+        asking.join()
+    assert len(answers) > 5 and [a for a in answers if a is not True] == [], answers[:20]
+    assert containers_of(STACK, roles=("frontdoor",)) == door
+    assert {k: v for k, v in containers_of(STACK).items() if k in ranks} == ranks
+    _, after = _served_certificate(host, env["SSL_CERT_FILE"])
+    assert after != before and "deepseek-spark CA of stack sim" in after
+    summary = resources_summary(project.up().check().text)  # and it stays: the next `up` changes nothing
+    assert "unchanged" in summary and not any(w in summary for w in ("created", "updated", "replaced", "deleted"))
 
 
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):
