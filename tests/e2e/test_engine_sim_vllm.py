@@ -161,6 +161,43 @@ def test_diagnose_holds_both_ranks_boot_logs_and_no_secret(first, project, tmp_p
     assert not any(form in blob for form in secret_forms(project.api_key)), "the API key in the support file"
 
 
+def test_behind_the_front_door_vllms_unguarded_routes_are_closed_and_the_endpoint_is_https(first, project, tmp_path):
+    """frontDoor.enabled: one `up` restarts neither rank; the client config's https endpoint answers, plain and
+    streamed; vLLM's routes that answer without a key (/invocations, /tokenize, /pause, /scale_elastic_ep, /metrics)
+    get 404 at the door, with a key too; from outside only ssh and 443 answer, and port 8000 is an inner one."""
+    import httpx
+    import yaml
+
+    from sim import outsider
+
+    ranks = containers_of(STACK, NODES)
+    stack_file = project.work_dir / f"Pulumi.{STACK}.yaml"
+    doc = yaml.safe_load(stack_file.read_text())
+    doc["config"]["deepseek-spark:cluster"]["frontDoor"] = {"enabled": True}
+    stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    project.timed("sim-tp2: front door on", project.up()).check()
+    assert {k: v for k, v in containers_of(STACK, NODES).items() if k in ranks} == ranks
+    out = project.outputs()
+    host = at("172.30.99.11")
+    assert out["endpoint"] == f"https://{host}/v1"
+    env = client_env(project, tmp_path)
+    assert "42" in ask(env)
+    client, model = openai_client(env)
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 19 + 23?"}],
+                                            max_tokens=32, stream=True)  # fmt: skip
+    assert "42" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    chat = {"model": model, "messages": [{"role": "user", "content": "What is 19 + 23?"}]}
+    for key in (None, env["OPENAI_API_KEY"]):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        for path in ("/invocations", "/tokenize", "/pause", "/scale_elastic_ep", "/metrics", "/v1/load_lora_adapter"):
+            status = httpx.post(f"https://{host}{path}", json=chat, headers=headers, verify=env["SSL_CERT_FILE"],
+                                timeout=10).status_code  # fmt: skip
+            assert status in (403, 404), (path, key is not None, status)
+    exposure.check_closed(CLUSTER, STACK, out)
+    status, text = outsider.http(CLUSTER, "POST", f"http://{host}:8000/invocations", json.dumps(chat))
+    assert status == 0, (status, text[:200])  # vLLM's own port: dropped for whoever is not the stack's
+
+
 def test_destroy_keeps_the_checkpoint(first, project):
     project.timed("sim-tp2: destroy", project.destroy()).check()
     assert containers_of(STACK, NODES) == {}
