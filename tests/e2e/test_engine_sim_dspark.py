@@ -349,7 +349,7 @@ def test_the_front_door_serves_https_and_its_routes_only_and_a_new_certificate_r
     with pytest.raises(openai.APIConnectionError):
         system_only.models.list()
     summary, cert = _served_certificate(host, env["SSL_CERT_FILE"])
-    assert "Protocol  : TLSv1.3" in summary and "Verify return code: 0 (ok)" in summary, summary[-1500:]
+    assert "New, TLSv1.3, Cipher is" in summary and "Verify return code: 0 (ok)" in summary, summary[-1500:]
     assert f"IP Address:{host}" in cert and "DNS:spark1" in cert and "deepseek-spark CA of stack sim" in cert, cert
     key = {"Authorization": f"Bearer {env['OPENAI_API_KEY']}"}
     for method, path in (("POST", "/flush_cache"), ("GET", "/server_info"), ("POST", "/update_weights_from_disk"),
@@ -387,6 +387,67 @@ def test_the_front_door_serves_https_and_its_routes_only_and_a_new_certificate_r
     assert after != before and "deepseek-spark CA of stack sim" in after
     summary = resources_summary(project.up().check().text)  # and it stays: the next `up` changes nothing
     assert "unchanged" in summary and not any(w in summary for w in ("created", "updated", "replaced", "deleted"))
+
+
+def test_what_the_front_door_adds_to_a_request(up, project, tmp_path):
+    """Benchmark (numbers printed, nothing timed asserted): the same streamed chat request through the door (https,
+    the stack's CA) and straight to the head's port (this machine is one of firewall.scrapers, which reach it), 16
+    streams at once, 10 requests each, on kept-alive connections: p50 and p99 of the whole request and of its first
+    token; then a new connection's cost (TCP, and TLS through the door) for GET /health, sequentially."""
+    import ssl
+    import statistics
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    env = client_env(project, tmp_path)
+    door, straight = env["OPENAI_BASE_URL"], f"http://{at('172.30.99.11')}:8888/v1"
+    ctx = ssl.create_default_context(cafile=env["SSL_CERT_FILE"])
+    body = {"model": env["OPENAI_MODEL"], "messages": [{"role": "user", "content": "What is 19 + 23?"}],
+            "max_tokens": 16, "stream": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {env['OPENAI_API_KEY']}"}
+
+    def stream(base: str) -> list[tuple[float, float]]:
+        out = []
+        with httpx.Client(verify=ctx, timeout=60) as c:
+            for _ in range(10):
+                t0 = time.perf_counter()
+                first = None
+                with c.stream("POST", base + "/chat/completions", json=body, headers=headers) as r:
+                    assert r.status_code == 200
+                    for line in r.iter_lines():
+                        if first is None and line.startswith("data:"):
+                            first = time.perf_counter() - t0
+                out.append((time.perf_counter() - t0, first))
+        return out
+
+    def pct(xs: list[float], q: float) -> float:
+        return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+    figures = {}
+    for name, base in (("door", door), ("straight", straight)):
+        with ThreadPoolExecutor(16) as pool:
+            runs = [t for ts in pool.map(lambda _: stream(base), range(16)) for t in ts]
+        total, first = [t for t, _ in runs], [f for _, f in runs]
+        figures[name] = (pct(total, 0.5), pct(total, 0.99), pct(first, 0.5), pct(first, 0.99))
+
+    def connect_ms(url: str) -> float:
+        times = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            with httpx.Client(verify=ctx, timeout=10) as c:
+                assert c.get(url).status_code == 200
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+
+    new_tls, new_tcp = connect_ms(door.removesuffix("/v1") + "/health"), connect_ms(straight.removesuffix("/v1") + "/health")
+    (dp50, dp99, df50, df99), (sp50, sp99, sf50, sf99) = figures["door"], figures["straight"]
+    for label, value in (("request p50", dp50 - sp50), ("request p99", dp99 - sp99), ("first token p50", df50 - sf50),
+                         ("first token p99", df99 - sf99), ("new connection (TLS vs TCP)", new_tls - new_tcp)):
+        TIMINGS[f"sim: the front door adds to {label}, ms"] = value
+    print(f"\nfront door, 16 streams x 10: request p50 {dp50:.1f} ms / p99 {dp99:.1f} ms (straight {sp50:.1f} / "
+          f"{sp99:.1f}); first token p50 {df50:.1f} / p99 {df99:.1f} ms (straight {sf50:.1f} / {sf99:.1f}); "
+          f"a new connection + GET /health: {new_tls:.1f} ms with TLS, {new_tcp:.1f} ms plain (medians of 30)")
 
 
 def test_destroy_keeps_the_checkpoint_the_shards_and_the_compile_caches(up, project):
