@@ -27,7 +27,7 @@ import pytest
 from dspark import dashboard
 from e2e import exposure, observing
 from e2e.conftest import (
-    CLUSTER, at, containers_of, dspark, monitoring_of, node_sh, openai_client, read_diagnose, resources_summary, secret_forms,
+    CLUSTER, ask, at, containers_of, dspark, monitoring_of, node_sh, openai_client, read_diagnose, resources_summary, secret_forms,
 )  # fmt: skip
 from e2e.timings import TIMINGS
 
@@ -366,6 +366,41 @@ def test_second_up_changes_nothing(first, project):
     summary = resources_summary(run.text)
     assert "unchanged" in summary and not any(w in summary for w in ("created", "updated", "replaced", "deleted"))
     assert containers_of(STACK, NODES) == before
+
+
+def test_behind_the_front_door_members_reach_the_gateway_over_https_and_its_admin_api_is_closed(first, project,
+                                                                                                   tmp_path):  # fmt: skip
+    """frontDoor.enabled on the team stack: one `up` restarts neither rank nor the gateway; each member's config
+    is the door's https endpoint with the stack's CA, and their own key answers through it (a revoked or missing
+    key still gets 401 from the gateway behind); LiteLLM's admin and metrics routes get 404 at the door; from
+    outside only ssh and 443 answer (port 4000 is an inner one)."""
+    import httpx
+    import yaml
+
+    from sim import outsider
+
+    before = containers_of(STACK, NODES)
+    stack_file = project.work_dir / f"Pulumi.{STACK}.yaml"
+    doc = yaml.safe_load(stack_file.read_text())
+    doc["config"]["deepseek-spark:cluster"]["frontDoor"] = {"enabled": True}
+    stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    project.timed("sim-team: front door on", project.up()).check()
+    assert {k: v for k, v in containers_of(STACK, NODES).items() if k in before} == before
+    out = project.outputs()
+    host = at("172.30.99.11")
+    alice = member_env(project, tmp_path, "alice")
+    assert alice["OPENAI_BASE_URL"] == out["endpoint"] == f"https://{host}/v1" and alice["SSL_CERT_FILE"]
+    assert "42" in ask(alice)
+    ca = alice["SSL_CERT_FILE"]
+    chat = {"model": out["model"], "messages": PROMPT, "max_tokens": 8}
+    assert httpx.post(f"https://{host}/v1/chat/completions", json=chat, verify=ca).status_code == 401
+    admin = {"Authorization": f"Bearer {out['gateway']['admin_key']}"}
+    for method, path in (("POST", "/key/generate"), ("GET", "/key/list"), ("GET", "/user/list"), ("GET", "/metrics"),
+                         ("GET", "/health/readiness"), ("POST", "/config/update"), ("GET", "/spend/logs")):  # fmt: skip
+        status = httpx.request(method, f"https://{host}{path}", headers=admin, verify=ca, timeout=10).status_code
+        assert status in (403, 404), (path, status)
+    exposure.check_closed(CLUSTER, STACK, out)
+    assert outsider.http(CLUSTER, "GET", f"http://{host}:4000/health/readiness")[0] == 0
 
 
 def test_destroy_keeps_the_gateways_database(first, project):
