@@ -309,6 +309,42 @@ def test_one_group_heals_out_of_rotation_while_the_other_answers_every_request(f
         "group a was not touched"
 
 
+def test_the_front_door_fronts_the_router_and_turning_it_off_again_restarts_nothing(first, project, tmp_path):
+    """frontDoor.enabled on the two-group stack: one `up` puts the door on the router's node, restarting no rank and
+    not the router; the client config is https and answers; sglang-router's own routes (/workers, /list_workers,
+    /get_loads, /get_server_info, /flush_cache, /metrics) get 403/404 at the door. Then the door off again: one `up`
+    removes it, the endpoint is the router's again, and still no group restarted."""
+    import httpx
+    import yaml
+
+    before = all_containers()
+    stack_file = project.work_dir / f"Pulumi.{STACK}.yaml"
+    original = stack_file.read_text()
+    doc = yaml.safe_load(original)
+    doc["config"]["deepseek-spark:cluster"]["frontDoor"] = {"enabled": True}
+    stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        project.timed("sim-x2: front door on", project.up()).check()
+        host = at("172.30.99.11")
+        assert project.outputs()["endpoint"] == f"https://{host}/v1"
+        assert {k: v for k, v in all_containers().items() if k in before} == before
+        env = client_env(project, tmp_path)
+        assert "42" in ask(env)
+        key = {"Authorization": f"Bearer {env['OPENAI_API_KEY']}"}
+        for method, path in (("GET", "/workers"), ("POST", "/workers"), ("GET", "/list_workers"), ("GET", "/get_loads"),
+                             ("GET", "/get_server_info"), ("POST", "/flush_cache"), ("GET", "/metrics")):  # fmt: skip
+            status = httpx.request(method, f"https://{host}{path}", headers=key, verify=env["SSL_CERT_FILE"],
+                                   timeout=10).status_code  # fmt: skip
+            assert status in (403, 404), (method, path, status)
+    finally:
+        stack_file.write_text(original)
+    project.timed("sim-x2: front door off", project.up()).check()
+    assert all_containers() == before
+    env = client_env(project, tmp_path)
+    assert env["OPENAI_BASE_URL"] == at("http://172.30.99.11:8889/v1") and "SSL_CERT_FILE" not in env
+    assert "42" in ask(env)
+
+
 def local_router() -> str:
     out = subprocess.run(["docker", "ps", "-a", "--filter", f"label=deepseek-spark.stack={STACK}", "--format",
                           "{{.Names}} {{.ID}}"], capture_output=True, text=True, check=True)  # fmt: skip
