@@ -103,11 +103,9 @@ def deploy(
 
 def _front_door_output(fp, door: FrontDoor) -> dict[str, Any]:
     """Where the front door is, what its certificate names and when a new one is issued, and its CA (public)."""
-    import datetime as dt
-
     cert = {"source": fp.source, "names": list(fp.names)}
     if fp.source == "stack-ca":
-        cert.update(fp.renewal(dt.date.today()))
+        cert.update(fp.renewal())
     return {"node": fp.node.name, "endpoint": fp.endpoint, "container": fp.container.name, "certificate": cert,
             "ca_pem": door.ca_pem}
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from declared.stack import FRONTDOOR_IMAGE, FrontDoorConfig
 from pathlib import Path
 
-from . import imagebuild
+from . import imagebuild, prometheus
 from .commands import secret_file_create, secret_file_delete
 from .gateway import ContainerPlan, files_digest, files_write
 from .nodeplan import NodePlan
@@ -40,7 +40,8 @@ from .tls import Schedule
 q = shlex.quote
 
 DOCKERFILE = Path(__file__).resolve().parents[1] / "programs" / "frontdoor" / "Dockerfile"
-BUILT_FROM = "deepseek-spark.dockerfile"  # the image's label: the digest of the Dockerfile it was built from
+BUILT_FROM = prometheus.BUILT_FROM  # the image's label: the digest of the Dockerfile it was built from
+imagebuild_digest = prometheus.dockerfile_digest  # the same digest as the monitoring image's
 
 ETC = "/etc/dspark-frontdoor"  # in its container: etc/ and tls/ of its directory on the node
 MAX_BODY = "64m"  # a request body (a long prompt is a few MiB of JSON; nginx's default, 1m, refuses them)
@@ -87,7 +88,7 @@ class FrontDoorPlan:
     def files_digest(self) -> str:
         return files_digest(self.files)
 
-    def renewal(self, today: dt.date) -> dict:
+    def renewal(self) -> dict:
         """stack-ca: when the certificate of today's period expires and the first day an `up` renews it."""
         return {"expires": self.schedule.not_after(self.period).strftime("%Y-%m-%d"),
                 "renewed_from": self.schedule.renew_on(self.period).isoformat()}  # fmt: skip
@@ -139,12 +140,6 @@ def reload(container: str) -> str:
     c = q(container)
     return (f"if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ]; then "
             f"docker kill -s HUP {c} >/dev/null; fi\n")  # fmt: skip
-
-
-def imagebuild_digest(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def container_name(stack: str) -> str:
@@ -214,10 +209,10 @@ def ca_command(stack: str) -> str:
     return f"python3 -m planning.tls ca --name {q(stack)}"
 
 
-def summary(fp: FrontDoorPlan, today: Optional[dt.date] = None) -> str:
+def summary(fp: FrontDoorPlan) -> str:
     """One line for the preview: the endpoint, the certificate's source and names, and its renewal."""
     line = f"front door: {fp.endpoint} on {fp.node.name} (nginx, TLS 1.2+), certificate for {', '.join(fp.names)}"
     if fp.source == "own":
         return line + " (the owner's: frontDoor.certificate)"
-    r = fp.renewal(today or dt.date.today())
+    r = fp.renewal()
     return line + f" from the stack's CA, valid to {r['expires']}; the first `up` from {r['renewed_from']} renews it"
