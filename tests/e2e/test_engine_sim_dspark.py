@@ -254,6 +254,16 @@ def test_a_fence_that_would_cut_the_operators_ssh_is_refused_and_every_node_stay
     assert code == 0, out
 
 
+def ask_all_along(env: dict, answers: list, stop) -> None:
+    """Ask every 0.2 s until `stop` is set: True for an answer, the error's repr for a failed request."""
+    while not stop.is_set():
+        try:
+            answers.append("42" in ask(env))
+        except Exception as exc:  # noqa: BLE001  (any failure is a failed request: kept, then asserted)
+            answers.append(repr(exc))
+        time.sleep(0.2)
+
+
 def test_taking_away_and_adding_back_the_monitoring_server_restarts_no_rank_and_every_request_answers(
         up, project, tmp_path):  # fmt: skip
     """Prometheus and Alertmanager come out of memory.sideReserveGiB, not out of the ranks' limits: the group's
@@ -269,16 +279,7 @@ def test_taking_away_and_adding_back_the_monitoring_server_restarts_no_rank_and_
     env, ranks, revision = client_env(project, tmp_path), containers_of(STACK), project.outputs()["group_revision"]
     answers: list = []
     stop = threading.Event()
-
-    def ask_all_along():
-        while not stop.is_set():
-            try:
-                answers.append("42" in ask(env))
-            except Exception as exc:  # noqa: BLE001  (any failure is a failed request: kept, then asserted)
-                answers.append(repr(exc))
-            time.sleep(0.2)
-
-    asking = threading.Thread(target=ask_all_along)
+    asking = threading.Thread(target=ask_all_along, args=(env, answers, stop))
     asking.start()
     try:
         stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -362,16 +363,7 @@ def test_the_front_door_serves_https_and_its_routes_only_and_a_new_certificate_r
     before = cert
     answers: list = []
     stop = threading.Event()
-
-    def ask_all_along():
-        while not stop.is_set():
-            try:
-                answers.append("42" in ask(env))
-            except Exception as exc:  # noqa: BLE001  (any failure is a failed request: kept, then asserted)
-                answers.append(repr(exc))
-            time.sleep(0.2)
-
-    asking = threading.Thread(target=ask_all_along)
+    asking = threading.Thread(target=ask_all_along, args=(env, answers, stop))
     asking.start()
     try:
         doc["config"]["deepseek-spark:cluster"]["frontDoor"]["certificate"] = {"validityDays": 60}
